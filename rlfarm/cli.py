@@ -1,0 +1,66 @@
+"""`rlfarm` entry point: `rlfarm <command> [hydra overrides]`; each command is a Hydra app over conf/.
+
+The only thing read here by hand is the command word; everything after it belongs to Hydra
+(overrides, -m/--multirun, --cfg, --help, hydra/launcher=...). Before Hydra runs, the config is
+composed once to turn a bad override into one clear line instead of a traceback.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+from rich.console import Console
+
+from rlfarm.errors import RlfarmError
+
+# command → (module with `task(cfg)`, config name, one-line description)
+COMMANDS = {
+    "train": ("rlfarm.commands.train", "train", "train a policy: rlfarm train algo=sac env=pendulum topology=local"),
+    "plan": ("rlfarm.commands.plan", "train", "show where each role goes: rlfarm plan topology=split_1_3"),
+}
+HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--shell-completion", "-sc"}
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def usage() -> str:
+    lines = ["usage: rlfarm <command> [key=value ...] [-m]", "", "commands:"]
+    lines += [f"  {name:<8} {desc}" for name, (_, _, desc) in COMMANDS.items()]
+    lines += ["", "Each command takes Hydra overrides; `rlfarm <command> --help` lists its config groups."]
+    return "\n".join(lines)
+
+
+def fail(error: RlfarmError | str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {error}", markup=True)
+    raise SystemExit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        fail(f"unknown command '{command}' — commands are: {', '.join(COMMANDS)}")
+    module_name, config_name, _ = COMMANDS[command]
+    module = importlib.import_module(module_name)
+    if not HYDRA_INFO_FLAGS & set(rest):
+        try:
+            module.preflight(config_name, rest)
+        except RlfarmError as error:
+            fail(error)
+    run_hydra_app(module.task, config_name, command, rest)
+
+
+def run_hydra_app(task, config_name: str, command: str, args: list[str]) -> None:
+    import hydra
+
+    from rlfarm.config import CONF_DIR
+
+    sys.argv = [f"rlfarm {command}", *args]
+    hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(task)()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Shared steps of the commands: compose-and-validate before Hydra starts a run."""
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from rlfarm.config import compose, first_of_sweeps, validate
+from rlfarm.topology import check_cluster, local_resources, plan_topology
+
+MULTIRUN_FLAGS = {"-m", "--multirun"}
+
+
+def split_args(args: list[str]) -> tuple[list[str], bool]:
+    multirun = bool(MULTIRUN_FLAGS & set(args))
+    overrides = [a for a in args if not a.startswith("-")]
+    return overrides, multirun
+
+
+def compose_checked(config_name: str, args: list[str]) -> DictConfig:
+    overrides, multirun = split_args(args)
+    if multirun:
+        overrides = first_of_sweeps(overrides)
+    # hydra/* overrides only shape the launch, not the job's config: leave them to Hydra itself.
+    cfg = compose(config_name, [o for o in overrides if not o.lstrip("+~").startswith("hydra")])
+    validate(cfg)
+    return cfg
+
+
+def launches_elsewhere(args: list[str]) -> bool:
+    """A sweep sent to Slurm runs on other machines: this one's resources say nothing about them."""
+    return any(a.lstrip("+").startswith("hydra/launcher=") and "local" not in a for a in args)
+
+
+def check_local_cluster(cfg: DictConfig, args: list[str]) -> None:
+    plan = plan_topology(cfg.topology)
+    if not cfg.ray.address and not launches_elsewhere(args):
+        check_cluster(plan, local_resources(cfg.ray.num_cpus, cfg.ray.num_gpus))

@@ -1,0 +1,59 @@
+"""`rlfarm plan`: place the topology's roles on the cluster and print role → pool → GPU ids.
+
+Probe actors are started exactly where the real roles would be, and report the GPU ids Ray gave
+them; no model is loaded. Exits 2 with one line when the cluster is too small."""
+from __future__ import annotations
+
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from rlfarm.cli import fail
+from rlfarm.cluster import ray_session
+from rlfarm.commands.common import check_local_cluster, compose_checked
+from rlfarm.errors import RlfarmError
+from rlfarm.topology import PlacedTopology, describe, gpu_share_label, plan_topology
+
+
+def preflight(config_name: str, args: list[str]) -> None:
+    check_local_cluster(compose_checked(config_name, args), args)
+
+
+class Probe:
+    def where(self) -> dict:
+        import os
+
+        import ray
+
+        return {"gpu_ids": [str(g) for g in ray.get_gpu_ids()], "node": ray.get_runtime_context().get_node_id()[:8],
+                "pid": os.getpid()}
+
+
+def placements_with_gpu_ids(plan, placed: PlacedTopology) -> list[dict]:
+    import ray
+
+    probes = [ray.remote(Probe).options(**placed.options(p)).remote() for p in plan.placements]
+    where = ray.get([probe.where.remote() for probe in probes])
+    for probe in probes:
+        ray.kill(probe)
+    return [{"role": p.role, "index": p.index, "pool": p.pool, "gpus": p.gpus, "cpus": p.cpus, **w}
+            for p, w in zip(plan.placements, where)]
+
+
+def task(cfg: DictConfig) -> list[dict]:
+    try:
+        plan = plan_topology(cfg.topology)
+        with ray_session(cfg.ray, plan):
+            placed = PlacedTopology(plan, float(cfg.ray.ready_timeout_s))
+            rows = placements_with_gpu_ids(plan, placed)
+            placed.remove()
+    except RlfarmError as error:
+        fail(error)
+    table = Table(title=describe(plan), title_justify="left")
+    for column in ("role", "pool", "GPU share", "CPUs", "GPU ids", "node"):
+        table.add_column(column)
+    for row, p in zip(rows, plan.placements):
+        table.add_row(f"{row['role']}[{row['index']}]", row["pool"] or "-", gpu_share_label(p), f"{row['cpus']:g}",
+                      ",".join(row["gpu_ids"]) or "-", row["node"])
+    Console().print(table)
+    return rows

@@ -1,0 +1,18 @@
+"""User-facing errors: one line that names the problem and the fix; the CLI prints it and exits 2."""
+from __future__ import annotations
+
+
+class RlfarmError(Exception):
+    """A problem the user can fix. `str()` is the single line the CLI prints."""
+
+    def __init__(self, problem: str, fix: str | None = None):
+        self.problem, self.fix = problem, fix
+        super().__init__(f"{problem} — {fix}" if fix else problem)
+
+
+class ConfigError(RlfarmError):
+    pass
+
+
+class TopologyError(RlfarmError):
+    pass

@@ -1,0 +1,137 @@
+"""Off-policy driver: act → label → learn run concurrently inside the roles; this loop only starts them,
+watches their counters, logs, and stops them. Data never passes through here."""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+import numpy as np
+import ray
+from omegaconf import DictConfig
+
+from rlfarm.loops.roles import OffPolicyRoles, start_offpolicy_roles
+from rlfarm.run import Run
+from rlfarm.telemetry.live import LiveView
+from rlfarm.topology import PlacedTopology
+
+log = logging.getLogger("rlfarm")
+
+RETURN_WINDOW = 10  # episode_return_mean is over the last 10 finished episodes
+FLUSH_TIMEOUT_S = 120.0
+
+
+class RoleFailed(RuntimeError):
+    pass
+
+
+class OffPolicyLoop:
+    def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology):
+        self.cfg, self.run = cfg, run
+        self.roles: OffPolicyRoles = start_offpolicy_roles(cfg, placed)
+        self.returns: deque[float] = deque(maxlen=RETURN_WINDOW)
+        self.episodes = 0
+        self.started = time.monotonic()
+        self._previous: dict | None = None
+
+    def train(self) -> dict:
+        roles, total = self.roles, int(self.cfg.total_env_steps)
+        shares = np.array_split(np.arange(total), len(roles.runners))
+        learner_done = roles.learner.run.remote()
+        labelers_done = [l.run.remote() for l in roles.labelers]
+        runners_done = [r.run.remote(len(share)) for r, share in zip(roles.runners, shares)]
+        with LiveView(f"rlfarm · {self.cfg.algo.name} · {self.cfg.env.id} · {self.cfg.topology.name}",
+                      self.cfg.run.live) as view:
+            while not self._finished(runners_done, [learner_done, *labelers_done]):   # 1. act/label/learn
+                view.update(self._record())
+            produced = sum(r["produced"] for r in ray.get(runners_done))
+            self._flush(produced, [learner_done, *labelers_done])                        # 2. label + store the tail
+            ray.get([l.stop.remote() for l in roles.labelers] + [roles.learner.stop.remote()])
+            self._wait(learner_done, labelers_done)                                       # 3. owed updates
+            row = self._record()
+            view.update(row)
+        return self._summary(row)                                                          # 4. summary
+
+    # -- stages -------------------------------------------------------------------------------------
+    def _finished(self, runners_done: list, watched: list) -> bool:
+        ready, _ = ray.wait(runners_done, num_returns=len(runners_done), timeout=self.cfg.run.metrics_interval_s)
+        self._raise_if_failed(watched + ready)
+        return len(ready) == len(runners_done)
+
+    def _flush(self, produced: int, watched: list) -> None:
+        deadline = time.monotonic() + FLUSH_TIMEOUT_S
+        while ray.get(self.roles.learner.stats.remote())["stored"] < produced:
+            if time.monotonic() > deadline:
+                raise RoleFailed(f"labeled chunks did not all reach the learner within {FLUSH_TIMEOUT_S:g} s")
+            self._raise_if_failed(watched)
+            time.sleep(0.05)
+
+    def _wait(self, learner_done, labelers_done) -> None:
+        ready, _ = ray.wait([learner_done, *labelers_done], num_returns=1 + len(labelers_done), timeout=FLUSH_TIMEOUT_S)
+        self._raise_if_failed(ready)
+
+    def _raise_if_failed(self, refs: list) -> None:
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as error:
+                raise RoleFailed(_one_line(error)) from None
+
+    def _record(self) -> dict:
+        row = self._observe()
+        self.run.log(row)
+        return row
+
+    def _observe(self) -> dict:
+        """Poll every role's counters and turn them into one metrics row (rates over the last interval)."""
+        roles = self.roles
+        learner, *rest = ray.get([a.stats.remote() for a in roles.all])
+        runners, labelers = rest[: len(roles.runners)], rest[len(roles.runners):]
+        for r in runners:
+            self.returns.extend(r["episode_returns"])
+            self.episodes += len(r["episode_returns"])
+        now = time.monotonic()
+        counters = {"env_steps": sum(r["env_steps"] for r in runners),
+                    "produced": sum(r["produced"] for r in runners),
+                    "labeled": sum(l["labeled"] for l in labelers),
+                    "stored": learner["stored"], "updates": learner["updates"],
+                    "labeler_busy_s": sum(l["busy_s"] for l in labelers), "t": now}
+        prev, self._previous = self._previous or {**counters, "t": self.started}, counters
+        dt = max(now - prev["t"], 1e-9)
+        rate = lambda key: (counters[key] - prev[key]) / dt  # noqa: E731
+        elapsed = now - self.started
+        total = int(self.cfg.total_env_steps)
+        lags = [l["labeling_lag_s"] for l in labelers if l["labeling_lag_s"] > 0]
+        losses = {k: learner[k] for k in ("critic_loss", "actor_loss", "alpha", "entropy") if k in learner}
+        return {
+            "env_steps": counters["env_steps"], "wall_s": round(elapsed, 3),
+            "env_steps_per_s": rate("env_steps"), "labeled_per_s": rate("labeled"), "updates_per_s": rate("updates"),
+            "labeling_lag_s": float(np.mean(lags)) if lags else None,
+            "labeled_fraction": counters["labeled"] / max(counters["produced"], 1),
+            "labeler_busy_fraction": rate("labeler_busy_s") / max(len(labelers), 1),
+            "transitions_produced": counters["produced"], "transitions_labeled": counters["labeled"],
+            "transitions_stored": counters["stored"], "updates": counters["updates"],
+            "buffer_size": learner["buffer_size"], "policy_version": learner["policy_version"],
+            "policy_staleness": learner["policy_staleness"], "duplicates": learner["duplicates"],
+            "episodes": self.episodes,
+            "episode_return_mean": float(np.mean(self.returns)) if self.returns else None,
+            "eta_s": (total - counters["env_steps"]) / max(counters["env_steps"], 1) * elapsed,
+            **losses,
+        }
+
+    def _summary(self, row: dict) -> dict:
+        keys = ("env_steps", "transitions_produced", "transitions_labeled", "transitions_stored", "updates",
+                "episodes", "episode_return_mean", "duplicates", "policy_version")
+        return {k: row[k] for k in keys} | {"wall_s": round(time.monotonic() - self.started, 2)}
+
+    def checkpoint(self, name: str = "final.pt") -> str:
+        return ray.get(self.roles.learner.save.remote(str(self.run.checkpoint_dir / name)))
+
+
+def _one_line(error: Exception) -> str:
+    """The innermost message of a Ray error, on one line."""
+    cause = getattr(error, "cause", None) or error
+    text = str(cause).strip().splitlines()
+    last = next((line for line in reversed(text) if line.strip()), type(cause).__name__)
+    return f"a role failed: {type(cause).__name__}: {last.strip()}"

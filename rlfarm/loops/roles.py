@@ -1,0 +1,62 @@
+"""Start the off-policy roles as Ray actors where the topology placed them, and wire them together."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from rlfarm.roles.env_runner import EnvRunner
+from rlfarm.roles.labeler import Labeler
+from rlfarm.roles.learner import Learner
+from rlfarm.topology import PlacedTopology
+
+# Threaded actors: the long-running loop takes one thread, calls from peers (submit, ack, stats) the others.
+CONCURRENCY = 8
+
+
+@dataclass
+class OffPolicyRoles:
+    learner: ray.actor.ActorHandle
+    runners: list[ray.actor.ActorHandle]
+    labelers: list[ray.actor.ActorHandle]
+
+    @property
+    def all(self) -> list[ray.actor.ActorHandle]:
+        return [self.learner, *self.runners, *self.labelers]
+
+    def kill(self) -> None:
+        for actor in self.all:
+            ray.kill(actor, no_restart=True)
+
+
+def reward_inputs(reward_cfg: DictConfig) -> tuple[list[str], int | None]:
+    """What the runners must record for the reward model (constructing it loads no weights)."""
+    model = instantiate(reward_cfg)
+    return list(model.needs), model.frame_size
+
+
+def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology) -> OffPolicyRoles:
+    plan, algo = placed.plan, cfg.algo
+    as_dict = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731 - plain dicts travel to actors
+    needs, frame_size = reward_inputs(cfg.reward)
+    runner_places = plan.of("env_runner")
+    random_steps = -(-int(algo.learning_starts) // len(runner_places))
+    runners = [
+        ray.remote(EnvRunner).options(**placed.options(p), max_concurrency=CONCURRENCY, name=None).remote(
+            p.index, as_dict(cfg.env), as_dict(cfg.model.actor), needs, frame_size, int(cfg.seed),
+            int(algo.chunk_steps), int(algo.credits), random_steps, p.threads)
+        for p in runner_places]
+    labelers = [
+        ray.remote(Labeler).options(**placed.options(p), max_concurrency=CONCURRENCY).remote(
+            p.index, as_dict(cfg.reward), int(cfg.labeler.bus_items), float(cfg.labeler.bus_timeout_s), p.threads)
+        for p in plan.of("labeler")]
+    spaces = ray.get(runners[0].spaces.remote())
+    (learner_place,) = plan.of("learner")
+    learner = ray.remote(Learner).options(**placed.options(learner_place), max_concurrency=CONCURRENCY).remote(
+        as_dict(algo), as_dict(cfg.model), spaces, int(cfg.seed), learner_place.threads)
+    ray.get([learner.set_runners.remote(runners)]
+            + [r.set_labelers.remote(labelers) for r in runners]
+            + [l.set_learner.remote(learner) for l in labelers])
+    return OffPolicyRoles(learner, runners, labelers)

@@ -1,0 +1,28 @@
+"""Helpers shared by role actors: device choice from what Ray assigned, thread limits, seeding."""
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+
+def assigned_device() -> str:
+    """cuda:0 when Ray gave this actor a GPU and CUDA is usable, else cpu (declared GPUs on a CPU machine)."""
+    import ray
+
+    if ray.get_gpu_ids() and torch.cuda.is_available():
+        return "cuda:0"  # Ray sets CUDA_VISIBLE_DEVICES to the assigned GPUs
+    return "cpu"
+
+
+def limit_threads(threads: int) -> None:
+    torch.set_num_threads(max(1, int(threads)))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, int(threads)))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

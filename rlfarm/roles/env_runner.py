@@ -1,0 +1,144 @@
+"""EnvRunner role: steps a vector env with its own copy of the policy and emits chunks of raw transitions.
+
+A chunk carries no reward: only what the reward model needs (`needs`, e.g. the env's own reward or
+rendered frames). It is put in the object store once; only its ref travels to a labeler. Each runner
+holds `credits`: one is spent per chunk and returned by the learner once the chunk is stored and the
+updates it owes are done, so a slow labeling farm or learner pauses acting instead of piling up memory.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import ray
+import torch
+from hydra.utils import instantiate
+
+from rlfarm.envs.vector import VectorEnv
+from rlfarm.roles.common import limit_threads, seed_everything
+
+
+class EnvRunner:
+    def __init__(self, index: int, env_cfg: dict, actor_cfg: dict, needs: list[str], frame_size: int | None,
+                 seed: int, chunk_steps: int, credits: int, random_steps: int, threads: int = 1):
+        limit_threads(threads)
+        seed_everything(seed + 7919 * index)
+        self.index, self.needs, self.chunk_steps, self.random_steps = index, list(needs), chunk_steps, random_steps
+        self.env = VectorEnv(env_cfg["id"], env_cfg.get("num_envs", 1), seed + 1000 * index,
+                             frame_size, dict(env_cfg.get("kwargs") or {}))
+        space = self.env.single_action_space
+        self.obs_dim = int(np.prod(self.env.single_observation_space.shape))
+        self.act_dim = int(np.prod(space.shape))
+        self.action_low, self.action_high = space.low.astype(np.float32), space.high.astype(np.float32)
+        self.policy = instantiate(actor_cfg)(self.obs_dim, self.act_dim, self.action_low, self.action_high).eval()
+        self.rng = np.random.default_rng(seed + 7919 * index)
+        self.credits = threading.Semaphore(credits)
+        self.in_flight: dict[int, ray.ObjectRef] = {}  # seq → chunk ref, until the learner acks it
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._pending_weights: tuple[int, list] | None = None
+        self.policy_version = 0
+        self.labelers: list = []
+        self.env_steps = self.produced = self.chunks = 0
+        self.credit_wait_s = 0.0
+        self.finished_returns: deque[float] = deque()
+        self.finished_lengths: deque[int] = deque()
+
+    # -- wiring ------------------------------------------------------------------------------------
+    def spaces(self) -> dict:
+        return {"obs_dim": self.obs_dim, "act_dim": self.act_dim,
+                "action_low": self.action_low, "action_high": self.action_high}
+
+    def set_labelers(self, labelers: list) -> None:
+        self.labelers = list(labelers)
+
+    def set_weights(self, version: int, ref_box: list) -> None:
+        """Called by the learner on publication; the ref is boxed in a list so Ray does not fetch it now."""
+        with self._lock:
+            if self._pending_weights is None or version > self._pending_weights[0]:
+                self._pending_weights = (version, ref_box)
+
+    def ack(self, seqs: list[int]) -> None:
+        """The learner stored these chunks and did the updates they owe: give the credits back."""
+        with self._lock:
+            for seq in seqs:
+                if self.in_flight.pop(seq, None) is not None:
+                    self.credits.release()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- acting ------------------------------------------------------------------------------------
+    def _refresh_policy(self) -> None:
+        with self._lock:
+            pending, self._pending_weights = self._pending_weights, None
+        if pending is not None and pending[0] > self.policy_version:
+            self.policy.load_state_dict(ray.get(pending[1][0]))
+            self.policy_version = pending[0]
+
+    def _act(self, obs: np.ndarray) -> np.ndarray:
+        if self.env_steps < self.random_steps:
+            return self.rng.uniform(self.action_low, self.action_high, size=(obs.shape[0], self.act_dim)).astype(np.float32)
+        with torch.no_grad():
+            action = self.policy.act(torch.as_tensor(obs, dtype=torch.float32).reshape(obs.shape[0], -1))
+        return action.numpy()
+
+    def _collect_chunk(self, obs: np.ndarray, steps: int) -> tuple[dict, np.ndarray]:
+        fields: dict[str, list] = {k: [] for k in ("obs", "action", "next_obs", "terminated", "truncated", *self.needs)}
+        for _ in range(steps):
+            action = self._act(obs)
+            step = self.env.step(action)
+            fields["obs"].append(obs)
+            fields["action"].append(action)
+            fields["next_obs"].append(step.next_obs)
+            fields["terminated"].append(step.terminated)
+            fields["truncated"].append(step.truncated)
+            for key in self.needs:
+                fields[key].append(getattr(step, key))
+            self.finished_returns.extend(step.episode_returns)
+            self.finished_lengths.extend(step.episode_lengths)
+            self.env_steps += obs.shape[0]
+            obs = step.obs
+        # [steps, envs, ...] → [steps * envs, ...]: the labelers and the buffer see flat transitions.
+        chunk = {k: np.concatenate(v, axis=0) for k, v in fields.items()}
+        return chunk, obs
+
+    def run(self, max_env_steps: int) -> dict:
+        """Act until `max_env_steps` (this runner's share) or stop(); returns this runner's totals."""
+        obs = self.env.reset()
+        seq = 0
+        while self.env_steps < max_env_steps and not self._stop.is_set():
+            waited = time.monotonic()
+            while not self.credits.acquire(timeout=0.1):
+                if self._stop.is_set():
+                    return self.totals()
+            self.credit_wait_s += time.monotonic() - waited
+            self._refresh_policy()
+            # The last chunk is cut short so the run stops at its step budget, not a chunk later.
+            steps = min(self.chunk_steps, -(-(max_env_steps - self.env_steps) // obs.shape[0]))
+            chunk, obs = self._collect_chunk(obs, steps)
+            meta = {"runner": self.index, "seq": seq, "produced_at": time.time(),
+                    "policy_version": self.policy_version, "size": len(chunk["obs"])}
+            ref = ray.put(chunk)
+            with self._lock:
+                self.in_flight[seq] = ref
+            self.labelers[seq % len(self.labelers)].submit.remote(meta, ref)
+            self.produced += meta["size"]
+            self.chunks += 1
+            seq += 1
+        return self.totals()
+
+    def totals(self) -> dict:
+        return {"runner": self.index, "env_steps": self.env_steps, "produced": self.produced, "chunks": self.chunks}
+
+    def stats(self) -> dict:
+        returns, lengths = [], []
+        while self.finished_returns:
+            returns.append(self.finished_returns.popleft())
+        while self.finished_lengths:
+            lengths.append(self.finished_lengths.popleft())
+        return {**self.totals(), "episode_returns": returns, "episode_lengths": lengths,
+                "credit_wait_s": self.credit_wait_s, "policy_version": self.policy_version,
+                "in_flight": len(self.in_flight)}

@@ -1,0 +1,158 @@
+"""Learner role: the algorithm, its replay buffer (in this process, so sampling is a local gather) and the
+update schedule. Labeled chunks arrive from labelers; each chunk id is stored once (exactly-once storage
+even if a chunk is re-sent). Updates follow the update-to-data ratio and never run ahead of stored data;
+a chunk's credit goes back to its runner once the updates it owes are done, which keeps acting, labeling
+and learning within a few chunks of each other. Every `publish_every` updates the actor's weights are
+put in the object store once (versioned) and the ref is pushed to the runners."""
+from __future__ import annotations
+
+import math
+import os
+import queue
+import threading
+import time
+from collections import defaultdict, deque
+
+import numpy as np
+import ray
+import torch
+from hydra.utils import instantiate
+
+from rlfarm.buffers.replay import ReplayBuffer
+from rlfarm.buffers.sampler import UniformSampler
+from rlfarm.buffers.storage import TensorStorage
+from rlfarm.roles.common import assigned_device, limit_threads, seed_everything
+
+UPDATES_PER_BURST = 8  # updates between looks at the inbox: small enough to ack and publish promptly
+
+
+class Learner:
+    def __init__(self, algo_cfg: dict, model_cfg: dict, spaces: dict, seed: int, threads: int = 1):
+        limit_threads(threads)
+        seed_everything(seed)
+        self.device = assigned_device()
+        self.utd_ratio = float(algo_cfg["utd_ratio"])
+        self.learning_starts = int(algo_cfg["learning_starts"])
+        self.publish_every = int(algo_cfg["publish_every"])
+        self.agent = instantiate(algo_cfg["agent"])(
+            spaces["obs_dim"], spaces["act_dim"], spaces["action_low"], spaces["action_high"],
+            actor=instantiate(model_cfg["actor"]), critic=instantiate(model_cfg["critic"]), device=self.device)
+        self.buffer = ReplayBuffer(TensorStorage(int(algo_cfg["buffer_size"]), self.device),
+                                   UniformSampler(int(algo_cfg["batch_size"]), generator_seed=seed))
+        self.inbox: queue.Queue = queue.Queue()
+        self.stored_ids: set[tuple[int, int]] = set()
+        self.unacked: deque[tuple[int, int, int]] = deque()  # (runner, seq, updates required)
+        self.runners: list = []
+        self._stop = threading.Event()
+        self.stored = self.duplicates = self.updates = self.version = 0
+        self.update_time_s = 0.0
+        self._last_metrics: dict[str, torch.Tensor] = {}
+        self._staleness: list[int] = []
+
+    def set_runners(self, runners: list) -> None:
+        self.runners = list(runners)
+        self._publish()  # version 1 = the initial weights, so runners and learner start identical
+
+    # -- called by labelers ------------------------------------------------------------------------
+    def store(self, labeled: list[tuple[dict, dict]]) -> None:
+        self.inbox.put(labeled)
+
+    # -- the update loop -----------------------------------------------------------------------------
+    def run(self) -> dict:
+        while True:
+            self._drain_inbox()
+            owed = self._updates_owed()
+            if owed > 0:
+                self._update(min(owed, UPDATES_PER_BURST))
+            self._ack_paid()
+            if owed <= 0:
+                if self._stop.is_set() and self.inbox.empty():
+                    break
+                self._wait_for_data()
+        return {"updates": self.updates, "stored": self.stored}
+
+    def stop(self) -> None:
+        """Finish the owed updates on what is stored, then return from run()."""
+        self._stop.set()
+
+    def _wait_for_data(self) -> None:
+        try:
+            self._store(self.inbox.get(timeout=0.05))
+        except queue.Empty:
+            pass
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                self._store(self.inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _store(self, labeled: list[tuple[dict, dict]]) -> None:
+        for meta, chunk in labeled:
+            chunk_id = (meta["runner"], meta["seq"])
+            if chunk_id in self.stored_ids:
+                self.duplicates += 1
+                self.unacked.append((*chunk_id, 0))  # re-ack: the runner may still hold its credit
+                continue
+            self.stored_ids.add(chunk_id)
+            self.buffer.extend({
+                "obs": chunk["obs"].reshape(meta["size"], -1).astype(np.float32),
+                "action": chunk["action"].reshape(meta["size"], -1).astype(np.float32),
+                "reward": chunk["reward"].astype(np.float32),
+                "next_obs": chunk["next_obs"].reshape(meta["size"], -1).astype(np.float32),
+                "terminated": chunk["terminated"].astype(np.float32),
+            })
+            self.stored += meta["size"]
+            self._staleness.append(self.version - meta["policy_version"])
+            self.unacked.append((*chunk_id, self._required_updates(self.stored)))
+
+    def _required_updates(self, stored: int) -> int:
+        if stored < self.learning_starts:
+            return 0
+        return math.floor(self.utd_ratio * (stored - self.learning_starts + 1))
+
+    def _updates_owed(self) -> int:
+        return self._required_updates(self.stored) - self.updates
+
+    def _update(self, n: int) -> None:
+        started = time.perf_counter()
+        for _ in range(n):
+            self._last_metrics = self.agent.update(self.buffer.sample())
+            self.updates += 1
+            if self.updates % self.publish_every == 0:
+                self._publish()
+        self.update_time_s += time.perf_counter() - started
+
+    def _ack_paid(self) -> None:
+        paid: dict[int, list[int]] = defaultdict(list)
+        while self.unacked and self.unacked[0][2] <= self.updates:
+            runner, seq, _ = self.unacked.popleft()
+            paid[runner].append(seq)
+        for runner, seqs in paid.items():
+            self.runners[runner].ack.remote(seqs)
+
+    def _publish(self) -> None:
+        self.version += 1
+        ref = ray.put(self.agent.policy_state())
+        for runner in self.runners:
+            runner.set_weights.remote(self.version, [ref])
+
+    # -- reporting / persistence ---------------------------------------------------------------------
+    def stats(self) -> dict:
+        metrics = {k: float(v) for k, v in self._last_metrics.items()}
+        staleness, self._staleness = self._staleness, []
+        return {"stored": self.stored, "updates": self.updates, "duplicates": self.duplicates,
+                "buffer_size": len(self.buffer), "policy_version": self.version, "update_time_s": self.update_time_s,
+                "policy_staleness": float(np.mean(staleness)) if staleness else 0.0, "device": self.device, **metrics}
+
+    def save(self, path: str, with_buffer: bool = False) -> str:
+        """Atomic checkpoint: write to a temp file, then rename."""
+        state = {"agent": self.agent.state_dict(), "stored": self.stored, "updates": self.updates,
+                 "version": self.version, "stored_ids": sorted(self.stored_ids)}
+        if with_buffer:
+            state["buffer"] = self.buffer.state_dict()
+        tmp = f"{path}.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+        return path

@@ -1,0 +1,52 @@
+"""What the user watches: a rich live table on a terminal, a periodic log line elsewhere (CI, Slurm logs)."""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+log = logging.getLogger("rlfarm")
+
+COLUMNS = (  # (row key, title, format)
+    ("env_steps", "env steps", "{:,.0f}"), ("env_steps_per_s", "env steps/s", "{:,.0f}"),
+    ("labeled_per_s", "labeled/s", "{:,.0f}"), ("updates_per_s", "updates/s", "{:,.1f}"),
+    ("labeling_lag_s", "label lag s", "{:.3f}"), ("buffer_size", "buffer", "{:,.0f}"),
+    ("episode_return_mean", "return (last 10)", "{:.1f}"), ("eta_s", "ETA s", "{:,.0f}"),
+)
+
+
+def _fmt(fmt: str, value) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+class LiveView:
+    def __init__(self, title: str, mode: str | bool = "auto", log_every_s: float = 10.0):
+        console = Console(file=sys.stdout)
+        self.enabled = console.is_terminal if mode == "auto" else bool(mode)
+        self.title, self.log_every_s, self._last_log = title, log_every_s, 0.0
+        self.live = Live(console=console, refresh_per_second=2, transient=False) if self.enabled else None
+
+    def __enter__(self) -> "LiveView":
+        if self.live:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live:
+            self.live.__exit__(*exc)
+
+    def update(self, row: dict) -> None:
+        if self.live:
+            table = Table(title=self.title, title_justify="left")
+            for _, title, _ in COLUMNS:
+                table.add_column(title, justify="right")
+            table.add_row(*(_fmt(fmt, row.get(key)) for key, _, fmt in COLUMNS))
+            self.live.update(table)
+        now = time.monotonic()
+        if now - self._last_log >= self.log_every_s:  # also into train.log, on a terminal or not
+            self._last_log = now
+            log.info("  ".join(f"{title}={_fmt(fmt, row.get(key))}" for key, title, fmt in COLUMNS))

@@ -1,0 +1,17 @@
+"""The paragraph printed at the end of a run."""
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+
+def summary_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
+    ret = s.get("episode_return_mean")
+    ret_text = f"{ret:.1f}" if ret is not None else "n/a"
+    rate = s["env_steps"] / max(s["wall_s"], 1e-9)
+    exact = "exactly once" if s["transitions_produced"] == s["transitions_labeled"] == s["transitions_stored"] else "MISMATCH"
+    return (f"Done: {cfg.algo.name} on {cfg.env.id} ({cfg.topology.name}, reward={cfg.reward._target_.rsplit('.', 1)[-1]}) "
+            f"ran {s['env_steps']:,} env steps in {s['wall_s']:.0f} s ({rate:,.0f}/s) with {s['updates']:,} updates; "
+            f"mean return of the last 10 episodes {ret_text}. Transitions produced {s['transitions_produced']:,}, "
+            f"labeled {s['transitions_labeled']:,}, stored {s['transitions_stored']:,} ({exact}, "
+            f"{s.get('duplicates', 0)} duplicates dropped). Run dir: {run_dir} "
+            f"(curves: tensorboard --logdir {run_dir}/tb).")

@@ -1,0 +1,199 @@
+"""Topology is data: pools of GPUs + roles placed in them → Ray placement groups.
+
+`plan_topology` is pure (no Ray): it packs each role instance into a GPU bundle of its pool
+(first fit, so fractional roles share a GPU) and is what `rlfarm plan` prints. `check_cluster`
+fails fast, with one line, when the cluster holds less than the plan asks (RLlib waits forever
+instead). `PlacedTopology` turns the plan into placement groups and per-actor Ray options.
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from rlfarm.errors import TopologyError
+
+ROLE_NAMES = ("learner", "env_runner", "labeler")
+
+
+@dataclass(frozen=True)
+class Placement:
+    role: str
+    index: int
+    pool: str | None
+    bundle: int | None  # GPU bundle inside the pool; None when the role has no pool
+    cpus: float
+    gpus: float
+    threads: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    pool_gpus: dict[str, int]
+    placements: tuple[Placement, ...]
+    bundles: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+
+    def of(self, role: str) -> list[Placement]:
+        return [p for p in self.placements if p.role == role]
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(self.pool_gpus.values())
+
+    @property
+    def total_cpus(self) -> float:
+        return sum(p.cpus for p in self.placements)
+
+
+def _role_field(role: str, spec: Mapping, key: str, default, kind):
+    value = spec.get(key, default)
+    try:
+        value = kind(value)
+    except (TypeError, ValueError):
+        raise TopologyError(f"topology.roles.{role}.{key} must be a number, got {value!r}",
+                            f"set topology.roles.{role}.{key}=<number>") from None
+    if value < 0:
+        raise TopologyError(f"topology.roles.{role}.{key} must be >= 0, got {value}",
+                            f"set topology.roles.{role}.{key} to a non-negative value")
+    return value
+
+
+def plan_topology(topology: Mapping) -> Plan:
+    """Pack role instances into per-GPU bundles. Raises TopologyError on an impossible topology."""
+    name = str(topology.get("name", "custom"))
+    pools = topology.get("pools") or {}
+    pool_gpus: dict[str, int] = {}
+    for pool, spec in pools.items():
+        gpus = spec.get("gpus", 0) if isinstance(spec, Mapping) else spec
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+            raise TopologyError(f"topology.pools.{pool}.gpus must be a whole number >= 0, got {gpus!r}",
+                                f"set topology.pools.{pool}.gpus=<int>")
+        pool_gpus[pool] = gpus
+    roles = topology.get("roles") or {}
+    for missing in (r for r in ROLE_NAMES if r not in roles):
+        raise TopologyError(f"topology '{name}' has no role '{missing}'",
+                            f"add topology.roles.{missing} with pool/count/cpus/gpus")
+    free: dict[str, list[float]] = {pool: [1.0] * n for pool, n in pool_gpus.items()}
+    cpus_in_bundle: dict[str, list[float]] = {pool: [0.0] * n for pool, n in pool_gpus.items()}
+    placements: list[Placement] = []
+    for role, spec in roles.items():
+        if role not in ROLE_NAMES:
+            raise TopologyError(f"unknown role '{role}' in topology '{name}'", f"roles are {', '.join(ROLE_NAMES)}")
+        count = _role_field(role, spec, "count", 1, float)
+        if count != int(count) or (role == "learner" and count != 1):
+            raise TopologyError(f"topology.roles.{role}.count must be a whole number{' equal to 1' if role == 'learner' else ''}, got {count:g}",
+                                f"set topology.roles.{role}.count={'1' if role == 'learner' else '<int>'}")
+        if count < 1:
+            raise TopologyError(f"topology.roles.{role}.count must be at least 1, got {int(count)}",
+                                f"set topology.roles.{role}.count=1 or more")
+        cpus = _role_field(role, spec, "cpus", 1, float)
+        gpus = _role_field(role, spec, "gpus", 0, float)
+        threads = int(_role_field(role, spec, "threads", 1, float)) or 1
+        pool = spec.get("pool")
+        if gpus > 1 and gpus != int(gpus):
+            raise TopologyError(f"topology.roles.{role}.gpus={gpus:g}: a share above 1 GPU must be whole",
+                                f"use a fraction <= 1 or a whole number of GPUs")
+        if pool is None:
+            if gpus > 0:
+                raise TopologyError(f"role '{role}' asks for {gpus:g} GPU but has no pool",
+                                    f"set topology.roles.{role}.pool to one of: {', '.join(pool_gpus) or '(define topology.pools first)'}")
+            placements += [Placement(role, i, None, None, cpus, 0.0, threads) for i in range(int(count))]
+            continue
+        if pool not in pool_gpus:
+            raise TopologyError(f"role '{role}' names pool '{pool}', which topology '{name}' does not define",
+                                f"use one of: {', '.join(pool_gpus) or '(none defined)'}")
+        for i in range(int(count)):
+            bundle = _first_fit(free[pool], gpus)
+            if bundle is None:
+                asked = sum(p.gpus for p in placements if p.pool == pool) + gpus * (int(count) - i)
+                raise TopologyError(f"topology '{name}': roles in pool '{pool}' ask for {asked:g} GPUs but the pool has {pool_gpus[pool]}",
+                                    f"lower topology.roles.{role}.count/gpus or raise topology.pools.{pool}.gpus")
+            placements.append(Placement(role, i, pool, bundle, cpus, gpus, threads))
+            cpus_in_bundle[pool][bundle] += cpus
+    bundles = {pool: [{"GPU": 1.0, **({"CPU": c} if c > 0 else {})} for c in cpus_in_bundle[pool]] for pool in pool_gpus}
+    return Plan(name, pool_gpus, tuple(placements), bundles)
+
+
+def _first_fit(free: list[float], share: float) -> int | None:
+    """Index of the first GPU bundle with `share` left (a whole multi-GPU share takes a bundle of its own)."""
+    need = min(share, 1.0)
+    for i, left in enumerate(free):
+        if left + 1e-9 >= need:
+            free[i] = left - need if share <= 1 else 0.0
+            return i
+    return None
+
+
+def local_resources(num_cpus: float | None, num_gpus: int | None) -> dict[str, float]:
+    """What a private local Ray would hold: declared values win over what the machine has."""
+    if num_gpus is None:
+        num_gpus = _visible_gpu_count()
+    return {"CPU": float(num_cpus if num_cpus is not None else os.cpu_count() or 1), "GPU": float(num_gpus)}
+
+
+def _visible_gpu_count() -> int:
+    try:
+        import torch
+        return torch.cuda.device_count()
+    except Exception:  # no torch/CUDA: a CPU machine
+        return 0
+
+
+def check_cluster(plan: Plan, available: Mapping[str, float]) -> None:
+    """One clear line when the cluster cannot hold the plan."""
+    gpus, cpus = available.get("GPU", 0.0), available.get("CPU", 0.0)
+    if plan.total_gpus > gpus:
+        raise TopologyError(f"topology '{plan.name}' needs {plan.total_gpus} GPUs but the cluster has {gpus:g}",
+                            "pick a smaller topology (topology=local or colocated), join a bigger cluster (ray.address=...), "
+                            "or declare GPUs for a dry placement test (ray.num_gpus=N)")
+    if plan.total_cpus > cpus + 1e-9:
+        raise TopologyError(f"topology '{plan.name}' needs {plan.total_cpus:g} CPUs but the cluster has {cpus:g}",
+                            "lower topology.roles.*.count/cpus or declare more (ray.num_cpus=N)")
+
+
+class PlacedTopology:
+    """Placement groups for a plan, created on a running Ray; `options(p)` gives an actor's Ray options."""
+
+    def __init__(self, plan: Plan, ready_timeout_s: float = 30.0):
+        import ray
+        from ray.util.placement_group import placement_group
+
+        self.plan = plan
+        self.groups = {pool: placement_group(bundles, strategy="PACK", name=f"rlfarm-{pool}")
+                       for pool, bundles in plan.bundles.items() if bundles}
+        if self.groups:
+            ready, _ = ray.wait([g.ready() for g in self.groups.values()], num_returns=len(self.groups),
+                                timeout=ready_timeout_s)
+            if len(ready) < len(self.groups):
+                self.remove()
+                raise TopologyError(f"placement groups for topology '{plan.name}' were not ready after {ready_timeout_s:g} s "
+                                    "(the cluster lacks free GPUs/CPUs)", "free resources or pick a smaller topology")
+
+    def options(self, p: Placement) -> dict:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        opts: dict = {"num_cpus": p.cpus, "num_gpus": p.gpus}
+        if p.pool is not None and p.pool in self.groups:
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                self.groups[p.pool], placement_group_bundle_index=p.bundle)
+        return opts
+
+    def remove(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for g in self.groups.values():
+            remove_placement_group(g)
+        self.groups = {}
+
+
+def describe(plan: Plan) -> str:
+    gpus = sum(plan.pool_gpus.values())
+    return f"{plan.name}: {len(plan.placements)} actors, {gpus} GPUs in {len(plan.pool_gpus)} pools, {plan.total_cpus:g} CPUs"
+
+
+def gpu_share_label(p: Placement) -> str:
+    if p.gpus == 0:
+        return "-"
+    return f"{p.gpus:g}" if p.gpus < 1 else str(math.floor(p.gpus))
