@@ -36,22 +36,31 @@ def compose(config_name: str, overrides: list[str]) -> DictConfig:
         GlobalHydra.instance().clear()
 
 
-def first_of_sweeps(overrides: list[str]) -> list[str]:
-    """For a multirun check, replace each sweep (a=1,2 / range / choice) by its first value."""
+def sweep_variants(overrides: list[str]) -> list[list[str]]:
+    """Override lists to check a multirun with: every sweep at its first value, plus one variant per other
+    value of a config-group sweep (algo=sac,nope) so that a bad choice anywhere in the sweep fails fast."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception as error:
         raise _explain(error) from None
-    out = []
-    for override in parsed:
-        if override.is_sweep_override():
-            first = next(iter(override.sweep_string_iterator()))
-            out.append(f"{override.get_key_element()}={first}")
-        else:
-            out.append(override.input_line)
-    return out
+    firsts, group_alternatives = [], []
+    for position, override in enumerate(parsed):
+        if not override.is_sweep_override():
+            firsts.append(override.input_line)
+            continue
+        key = override.get_key_element()
+        values = list(override.sweep_string_iterator())
+        firsts.append(f"{key}={values[0]}")
+        if (CONF_DIR / key).is_dir():
+            group_alternatives += [(position, f"{key}={value}") for value in values[1:]]
+    variants = [firsts]
+    for position, line in group_alternatives:
+        variant = list(firsts)
+        variant[position] = line
+        variants.append(variant)
+    return variants
 
 
 def _explain(error: Exception) -> ConfigError:

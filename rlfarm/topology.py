@@ -134,6 +134,10 @@ def local_resources(num_cpus: float | None, num_gpus: int | None) -> dict[str, f
 
 
 def _visible_gpu_count() -> int:
+    import shutil
+
+    if shutil.which("nvidia-smi") is None and not os.path.exists("/proc/driver/nvidia"):
+        return 0  # no NVIDIA driver: skip importing torch just to learn that
     try:
         import torch
         return torch.cuda.device_count()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from rlfarm.config import compose, first_of_sweeps, validate
+from rlfarm.config import compose, sweep_variants, validate
 from rlfarm.topology import check_cluster, local_resources, plan_topology
 
 MULTIRUN_FLAGS = {"-m", "--multirun"}
@@ -17,12 +17,13 @@ def split_args(args: list[str]) -> tuple[list[str], bool]:
 
 def compose_checked(config_name: str, args: list[str]) -> DictConfig:
     overrides, multirun = split_args(args)
-    if multirun:
-        overrides = first_of_sweeps(overrides)
     # hydra/* overrides only shape the launch, not the job's config: leave them to Hydra itself.
-    cfg = compose(config_name, [o for o in overrides if not o.lstrip("+~").startswith("hydra")])
-    validate(cfg)
-    return cfg
+    overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    variants = sweep_variants(overrides) if multirun else [overrides]
+    for variant in variants:
+        cfg = compose(config_name, variant)
+        validate(cfg)
+    return compose(config_name, variants[0]) if len(variants) > 1 else cfg
 
 
 def launches_elsewhere(args: list[str]) -> bool:

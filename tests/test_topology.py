@@ -1,0 +1,77 @@
+"""Topology planning (pure) and real placement on Ray with declared GPUs."""
+import pytest
+
+from rlfarm.config import compose
+from rlfarm.errors import TopologyError
+from rlfarm.commands.plan import Probe
+from rlfarm.topology import PlacedTopology, check_cluster, plan_topology
+
+
+def topology(name):
+    return compose("train", [f"topology={name}"]).topology
+
+
+def test_split_1_3_packs_two_labelers_per_reward_gpu():
+    plan = plan_topology(topology("split_1_3"))
+    assert plan.pool_gpus == {"train": 1, "reward": 3}
+    assert [(p.pool, p.bundle) for p in plan.of("labeler")] == [("reward", b) for b in (0, 0, 1, 1, 2, 2)]
+    (learner,) = plan.of("learner")
+    assert (learner.pool, learner.bundle, learner.gpus) == ("train", 0, 1.0)
+    assert all(p.pool is None and p.gpus == 0 for p in plan.of("env_runner"))
+    assert plan.bundles["reward"] == [{"GPU": 1.0, "CPU": 2.0}] * 3
+    assert plan.total_gpus == 4 and plan.total_cpus == 15
+
+
+def test_local_topology_needs_no_gpu():
+    plan = plan_topology(topology("local"))
+    assert plan.total_gpus == 0
+    check_cluster(plan, {"CPU": 2, "GPU": 0})
+
+
+def test_cluster_too_small_is_one_line():
+    plan = plan_topology(topology("split_1_3"))
+    with pytest.raises(TopologyError) as info:
+        check_cluster(plan, {"CPU": 64, "GPU": 2})
+    assert "needs 4 GPUs but the cluster has 2" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t["roles"]["labeler"].update(count=7), "ask for 3.5 GPUs but the pool has 3"),
+    (lambda t: t["roles"]["labeler"].update(pool="nope"), "names pool 'nope'"),
+    (lambda t: t["roles"]["env_runner"].update(count=-1), "must be >= 0"),
+    (lambda t: t["roles"]["env_runner"].update(gpus=0.5), "has no pool"),
+    (lambda t: t["roles"]["learner"].update(count=2), "equal to 1"),
+    (lambda t: t["pools"]["reward"].update(gpus=1.5), "whole number"),
+    (lambda t: t["roles"].pop("labeler"), "has no role 'labeler'"),
+])
+def test_impossible_topologies_fail_with_one_line(change, message):
+    from omegaconf import OmegaConf
+
+    t = OmegaConf.to_container(topology("split_1_3"))
+    change(t)
+    with pytest.raises(TopologyError) as info:
+        plan_topology(t)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_placement_with_declared_gpus(ray_cpu):
+    """Labelers land on the reward pool's GPUs, the learner on the train pool's, never shared."""
+    ray = ray_cpu
+    plan = plan_topology(topology("split_1_3"))
+    placed = PlacedTopology(plan, ready_timeout_s=30)
+    try:
+        actors = {(p.role, p.index): ray.remote(Probe).options(**placed.options(p)).remote() for p in plan.placements}
+        where = ray.get([a.where.remote() for a in actors.values()])
+        ids = dict(zip(actors, ([int(g) for g in w["gpu_ids"]] for w in where)))
+        learner_gpus = set(ids[("learner", 0)])
+        labeler_gpus = [tuple(ids[("labeler", i)]) for i in range(6)]
+        assert len(learner_gpus) == 1
+        assert len(set(labeler_gpus)) == 3 and all(len(g) == 1 for g in labeler_gpus)
+        assert not learner_gpus & {g[0] for g in labeler_gpus}
+        # two labelers per reward GPU, in bundle order
+        assert labeler_gpus[0] == labeler_gpus[1] and labeler_gpus[2] == labeler_gpus[3] and labeler_gpus[4] == labeler_gpus[5]
+        assert all(ids[("env_runner", i)] == [] for i in range(8))
+        for a in actors.values():
+            ray.kill(a)
+    finally:
+        placed.remove()
