@@ -33,6 +33,7 @@ class OffPolicyLoop:
         self.episodes = 0
         self.started = time.monotonic()
         self._previous: dict | None = None
+        self._out_of_time = False
 
     def train(self) -> dict:
         roles, total = self.roles, int(self.cfg.total_env_steps)
@@ -56,6 +57,12 @@ class OffPolicyLoop:
     def _finished(self, runners_done: list, watched: list) -> bool:
         ready, _ = ray.wait(runners_done, num_returns=len(runners_done), timeout=self.cfg.run.metrics_interval_s)
         self._raise_if_failed(watched + ready)
+        budget = self.cfg.run.max_wall_s
+        if budget and time.monotonic() - self.started > budget and not self._out_of_time:
+            # Time budget spent: runners stop after their current chunk; the tail is still labeled and stored.
+            log.info("run.max_wall_s=%s reached: stopping the env runners", budget)
+            self._out_of_time = True
+            ray.get([r.stop.remote() for r in self.roles.runners])
         return len(ready) == len(runners_done)
 
     def _flush(self, produced: int, watched: list) -> None:

@@ -7,6 +7,8 @@ updates it owes are done, so a slow labeling farm or learner pauses acting inste
 """
 from __future__ import annotations
 
+import glob
+import os
 import threading
 import time
 from collections import deque
@@ -20,11 +22,23 @@ from rlfarm.envs.vector import VectorEnv
 from rlfarm.roles.common import limit_threads, seed_everything
 
 
+def spread_rendering(index: int) -> None:
+    """Runners render headless through EGL; left alone, every runner draws on GPU 0 and it becomes the
+    bottleneck (seen on 4×H200: 24 runners at 224 px capped at ~2,100 frames/s with GPU 0 at 70%).
+    Spread them over the node's GPUs. Runners hold no CUDA share, so count the device files, not CUDA."""
+    if os.environ.get("MUJOCO_GL") != "egl" or "MUJOCO_EGL_DEVICE_ID" in os.environ:
+        return
+    gpus = len(glob.glob("/dev/nvidia[0-9]*"))
+    if gpus:
+        os.environ["MUJOCO_EGL_DEVICE_ID"] = str(index % gpus)
+
+
 class EnvRunner:
     def __init__(self, index: int, env_cfg: dict, actor_cfg: dict, needs: list[str], frame_size: int | None,
                  seed: int, chunk_steps: int, credits: int, random_steps: int, threads: int = 1):
         limit_threads(threads)
         seed_everything(seed + 7919 * index)
+        spread_rendering(index)
         self.index, self.needs, self.chunk_steps, self.random_steps = index, list(needs), chunk_steps, random_steps
         self.env = VectorEnv(env_cfg["id"], env_cfg.get("num_envs", 1), seed + 1000 * index,
                              frame_size, dict(env_cfg.get("kwargs") or {}))

@@ -1,0 +1,41 @@
+"""Condense run directories + GPU samples from a device session into one JSON (few files come back)."""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def steady(rows, key, skip_s=30.0):
+    """Median of a rate after the first `skip_s` seconds (torch.compile warm-up, Ray start)."""
+    values = [r[key] for r in rows if r.get(key) is not None and r.get("wall_s", 0) >= skip_s]
+    return statistics.median(values) if values else None
+
+
+def gpu_busy(path):
+    per_gpu = {}
+    for line in Path(path).read_text().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4 and parts[2].isdigit():
+            per_gpu.setdefault(parts[1], []).append(int(parts[2]))
+    # drop the first 30 samples (start-up), report the mean utilization of the rest
+    return {gpu: round(statistics.mean(v[30:] or v), 1) for gpu, v in per_gpu.items()}
+
+
+def summarize(run_dir, gpu_csv):
+    rows = [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    out = {k: steady(rows, k) for k in ("env_steps_per_s", "labeled_per_s", "updates_per_s", "labeling_lag_s",
+                                        "labeler_busy_fraction", "policy_staleness")}
+    summary_path = Path(run_dir) / "summary.json"
+    out["summary"] = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    out["gpu_util_percent"] = gpu_busy(gpu_csv) if Path(gpu_csv).exists() else None
+    out["final_row"] = rows[-1] if rows else None
+    return out
+
+
+if __name__ == "__main__":
+    phase, dirs = sys.argv[1], sys.argv[2:]
+    if phase == "scaling":
+        result = {f"reward_gpus_{i + 1}": summarize(d, f"/tmp/gpu_{i + 1}.csv") for i, d in enumerate(dirs)}
+    else:
+        result = summarize(dirs[0], "/tmp/gpu_main.csv")
+    print(json.dumps(result, indent=1, default=str))

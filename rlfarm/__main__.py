@@ -1,0 +1,3 @@
+from rlfarm.cli import main
+
+main()

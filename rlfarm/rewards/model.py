@@ -1,0 +1,106 @@
+"""Any torch module or checkpoint that maps frames to rewards: the hook for users' own VLMs and learned rewards.
+
+Either `module` is a Hydra `_target_` node, built in the labeler (optionally loading a state_dict from
+`checkpoint`), or `checkpoint` alone is a TorchScript file. The module is called with one tensor per key in
+`needs`, in that order, each on the labeler's device with its numpy dtype kept (frames: [n, H, W, 3] uint8),
+and must return [n] or [n, 1] finite rewards.
+"""
+
+import os
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from rlfarm.rewards.base import RewardModel, RewardModelError
+
+
+class BrightnessReward(torch.nn.Module):
+    """Example reward module: scale · mean pixel brightness. frames [n, H, W, 3] uint8 → [n] in [0, scale]."""
+
+    def __init__(self, scale: float = 1.0):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(float(scale)))
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        return self.scale * frames.float().mean(dim=(1, 2, 3)) / 255
+
+
+class ModuleReward(RewardModel):
+    """Rewards from a user's torch module.
+
+    module: Hydra node with `_target_` building an nn.Module (built in setup, on the labeler's device).
+    checkpoint: state_dict for `module` (torch.load, weights_only), or a TorchScript file when module is None.
+    frame_size: frames the runners render (used only when "frames" is in needs).
+    needs: chunk keys passed to the module as positional tensors.
+    dtype: autocast dtype on CUDA; CPU runs float32.
+    max_batch: transitions per forward pass.
+    """
+
+    def __init__(
+        self,
+        module: dict | None = None,
+        checkpoint: str | None = None,
+        frame_size: int = 84,
+        needs: list[str] | tuple[str, ...] = ("frames",),
+        dtype: str = "bfloat16",
+        max_batch: int = 512,
+    ):
+        if module is None and checkpoint is None:
+            raise RewardModelError(
+                "ModuleReward needs reward.module (a _target_ node) or reward.checkpoint (a TorchScript file)"
+            )
+        # A plain dict pickles small and free of the parent config when Ray ships this object to labelers.
+        self.module = OmegaConf.to_container(module, resolve=True) if isinstance(module, DictConfig) else module
+        self.checkpoint = checkpoint
+        self.needs = tuple(needs)
+        self.frame_size = frame_size if "frames" in self.needs else None
+        self.dtype = dtype
+        self.max_batch = max_batch
+        self.name = self.module.get("_target_", "<no _target_>") if module is not None else checkpoint
+        self._net = None
+
+    def setup(self, device: str) -> None:
+        self._device = torch.device(device)
+        self._autocast_dtype = getattr(torch, self.dtype)
+        self._net = self._build().to(self._device).eval()
+
+    def _build(self) -> torch.nn.Module:
+        if self.checkpoint is not None and not os.path.isfile(self.checkpoint):
+            raise RewardModelError(
+                f"reward module {self.name}: no checkpoint at {self.checkpoint!r}; set reward.checkpoint=/path/to/file"
+            )
+        if self.module is None:
+            return torch.jit.load(self.checkpoint, map_location="cpu")
+        net = instantiate(self.module)
+        if self.checkpoint is not None:
+            net.load_state_dict(torch.load(self.checkpoint, map_location="cpu", weights_only=True))
+        return net
+
+    @torch.inference_mode()
+    def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        if self._net is None:
+            raise RewardModelError(f"reward module {self.name}: setup(device) must run before labeling")
+        n = len(batch[self.needs[0]])
+        rewards = []
+        for start in range(0, n, self.max_batch):
+            inputs = [self._tensor(batch[key][start : start + self.max_batch]) for key in self.needs]
+            with torch.autocast(self._device.type, dtype=self._autocast_dtype, enabled=self._device.type == "cuda"):
+                output = self._net(*inputs)
+            rewards.append(self._checked(output, len(inputs[0])))
+        return torch.cat(rewards).cpu().numpy()
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self._device)
+
+    def _checked(self, output, n: int) -> torch.Tensor:
+        """output [n] or [n, 1] → [n] float32, or RewardModelError naming the module."""
+        shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        if shape not in ((n,), (n, 1)):
+            raise RewardModelError(f"reward module {self.name} returned {shape} for {n} inputs; expected [n] or [n, 1]")
+        rewards = output.reshape(n).float()
+        bad = int((~torch.isfinite(rewards)).sum())
+        if bad:
+            raise RewardModelError(f"reward module {self.name} returned {bad} NaN/inf rewards out of {n}")
+        return rewards

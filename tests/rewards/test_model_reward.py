@@ -1,0 +1,80 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from rlfarm.rewards import BrightnessReward, ModuleReward, RewardModelError
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+BRIGHTNESS = "rlfarm.rewards.model.BrightnessReward"
+
+
+def frames(*levels: int) -> dict[str, np.ndarray]:
+    """One 8×8 frame per brightness level."""
+    return {"frames": np.stack([np.full((8, 8, 3), level, np.uint8) for level in levels])}
+
+
+def ready(reward: ModuleReward) -> ModuleReward:
+    reward.setup("cpu")
+    return reward
+
+
+def test_module_node_maps_frames_to_rewards():
+    reward = ready(ModuleReward(module={"_target_": BRIGHTNESS, "scale": 2.0}, frame_size=16, max_batch=2))
+    assert reward.needs == ("frames",) and reward.frame_size == 16
+    rewards = reward(frames(0, 255, 51))
+    assert rewards.dtype == np.float32
+    np.testing.assert_allclose(rewards, [0.0, 2.0, 0.4], rtol=1e-6)
+
+
+def test_module_node_with_state_dict_checkpoint(tmp_path):
+    checkpoint = tmp_path / "brightness.pt"
+    torch.save(BrightnessReward(scale=3.0).state_dict(), checkpoint)
+    reward = ready(ModuleReward(module={"_target_": BRIGHTNESS}, checkpoint=str(checkpoint)))
+    np.testing.assert_allclose(reward(frames(255)), [3.0])
+
+
+def test_torchscript_checkpoint(tmp_path):
+    checkpoint = tmp_path / "brightness.ts"
+    torch.jit.script(BrightnessReward(scale=0.5)).save(str(checkpoint))
+    reward = ready(ModuleReward(checkpoint=str(checkpoint)))
+    np.testing.assert_allclose(reward(frames(255, 0)), [0.5, 0.0])
+
+
+def test_nan_rewards_raise_naming_the_module():
+    reward = ready(ModuleReward(module={"_target_": BRIGHTNESS, "scale": float("nan")}))
+    with pytest.raises(RewardModelError, match=f"{BRIGHTNESS} returned 2 NaN/inf rewards"):
+        reward(frames(1, 2))
+
+
+class TwoRewards(torch.nn.Module):
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        return frames.float().mean(dim=(1, 2))[:, :2]
+
+
+def test_wrong_output_shape_raises(tmp_path):
+    checkpoint = tmp_path / "two.ts"
+    torch.jit.script(TwoRewards()).save(str(checkpoint))
+    reward = ready(ModuleReward(checkpoint=str(checkpoint)))
+    with pytest.raises(RewardModelError, match=r"returned \(3, 2\) for 3 inputs; expected \[n\] or \[n, 1\]"):
+        reward(frames(1, 2, 3))
+
+
+def test_missing_checkpoint_and_missing_module_raise(tmp_path):
+    with pytest.raises(RewardModelError, match="no checkpoint at"):
+        ready(ModuleReward(checkpoint=str(tmp_path / "absent.ts")))
+    with pytest.raises(RewardModelError, match="reward.module"):
+        ModuleReward()
+
+
+def test_model_config_builds_the_module_only_in_setup():
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose("train", overrides=["reward=model", "reward.frame_size=16"])
+    reward = instantiate(cfg.reward)
+    assert isinstance(reward, ModuleReward) and reward.frame_size == 16
+    assert reward.module == {"_target_": BRIGHTNESS, "scale": 1.0}  # still a node: labelers build it on their device
+    reward.setup("cpu")
+    np.testing.assert_allclose(reward(frames(255)), [1.0])
