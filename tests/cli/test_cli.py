@@ -87,3 +87,25 @@ def test_plan_with_declared_gpus_prints_gpu_ids():
     learner_row = next(line for line in lines if "learner[0]" in line)
     assert len(labeler_rows) == 6 and all("reward" in row for row in labeler_rows)
     assert "train" in learner_row
+
+
+def test_clip_reward_on_rendered_halfcheetah_through_the_pipeline(tmp_path):
+    """reward=clip with a tiny CLIP saved to disk and loaded by path; frames rendered headless by the runners."""
+    from rlfarm.rewards.clip_factory import save_random_clip
+
+    clip = save_random_clip(tmp_path / "clip", "tiny")
+    run_dir = tmp_path / "run"
+    out = rlfarm("train", f"hydra.run.dir={run_dir}", "env=halfcheetah", "reward=clip", f"reward.model={clip}",
+                 "reward.frame_size=32", "total_env_steps=256", "algo.learning_starts=64", "algo.batch_size=32",
+                 "algo.chunk_steps=32", "model.actor.hidden=[32,32]", "model.critic.hidden=[32,32]", "run.live=false")
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["transitions_produced"] == summary["transitions_labeled"] == summary["transitions_stored"] == 256
+    assert "ClipReward" in (run_dir / "train.log").read_text()
+
+
+def test_submitit_local_launcher_runs_the_job(tmp_path):
+    out = rlfarm("train", "-m", "hydra/launcher=submitit_local", f"hydra.sweep.dir={tmp_path}/sweep",
+                 "hydra.sweep.subdir=${hydra.job.num}", "seed=3", *TINY[1:], "total_env_steps=300", timeout=400)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert len(list((tmp_path / "sweep").glob("*/summary.json"))) == 1
