@@ -42,7 +42,8 @@ def task(cfg: DictConfig) -> dict:
         fail("interrupted", code=130)
     except Exception as error:  # any failure: one line on screen, the traceback in train.log
         log.debug("run failed", exc_info=True)
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        error = _innermost(error)
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         if run is None:
             discard_run_dir(run_dir)
         else:
@@ -50,6 +51,13 @@ def task(cfg: DictConfig) -> dict:
         fail(message if isinstance(error, RlfarmError) else f"{type(error).__name__}: {message}")
     log.info(summary_paragraph(cfg, summary, run_dir))
     return summary
+
+
+def _innermost(error: BaseException) -> BaseException:
+    """Hydra wraps a target's exception (InstantiationException); the cause is what the user must read."""
+    while error.__cause__ is not None and not isinstance(error, RlfarmError):
+        error = error.__cause__
+    return error
 
 
 def train_family(cfg: DictConfig, run: Run, placed: PlacedTopology) -> dict:

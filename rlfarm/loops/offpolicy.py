@@ -28,7 +28,7 @@ class RoleFailed(RuntimeError):
 class OffPolicyLoop:
     def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology):
         self.cfg, self.run = cfg, run
-        self.roles: OffPolicyRoles = start_offpolicy_roles(cfg, placed)
+        self.roles: OffPolicyRoles = start_offpolicy_roles(cfg, placed, str(run.dir / "quarantine"))
         self.returns: deque[float] = deque(maxlen=RETURN_WINDOW)
         self.episodes = 0
         self.started = time.monotonic()
@@ -67,7 +67,7 @@ class OffPolicyLoop:
 
     def _flush(self, produced: int, watched: list) -> None:
         deadline = time.monotonic() + FLUSH_TIMEOUT_S
-        while ray.get(self.roles.learner.stats.remote())["stored"] < produced:
+        while _accounted(ray.get(self.roles.learner.stats.remote())) < produced:
             if time.monotonic() > deadline:
                 raise RoleFailed(f"labeled chunks did not all reach the learner within {FLUSH_TIMEOUT_S:g} s")
             self._raise_if_failed(watched)
@@ -121,6 +121,8 @@ class OffPolicyLoop:
             "transitions_stored": counters["stored"], "updates": counters["updates"],
             "buffer_size": learner["buffer_size"], "policy_version": learner["policy_version"],
             "policy_staleness": learner["policy_staleness"], "duplicates": learner["duplicates"],
+            "transitions_quarantined": learner["quarantined"], "reward_retries": sum(l["retries"] for l in labelers),
+            "reward_last_error": next((l["last_error"] for l in labelers if l["last_error"]), None),
             "episodes": self.episodes,
             "episode_return_mean": float(np.mean(self.returns)) if self.returns else None,
             "eta_s": (total - counters["env_steps"]) / max(counters["env_steps"], 1) * elapsed,
@@ -128,12 +130,18 @@ class OffPolicyLoop:
         }
 
     def _summary(self, row: dict) -> dict:
-        keys = ("env_steps", "transitions_produced", "transitions_labeled", "transitions_stored", "updates",
+        keys = ("env_steps", "transitions_produced", "transitions_labeled", "transitions_stored",
+                "transitions_quarantined", "reward_retries", "reward_last_error", "updates",
                 "episodes", "episode_return_mean", "duplicates", "policy_version")
         return {k: row[k] for k in keys} | {"wall_s": round(time.monotonic() - self.started, 2)}
 
     def checkpoint(self, name: str = "final.pt") -> str:
         return ray.get(self.roles.learner.save.remote(str(self.run.checkpoint_dir / name)))
+
+
+def _accounted(learner_stats: dict) -> int:
+    """Transitions the learner has settled: stored, or reported quarantined by a labeler."""
+    return learner_stats["stored"] + learner_stats["quarantined"]
 
 
 def _one_line(error: Exception) -> str:

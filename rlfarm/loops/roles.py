@@ -37,7 +37,7 @@ def reward_inputs(reward_cfg: DictConfig) -> tuple[list[str], int | None]:
     return list(model.needs), model.frame_size
 
 
-def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology) -> OffPolicyRoles:
+def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_dir: str | None = None) -> OffPolicyRoles:
     plan, algo = placed.plan, cfg.algo
     as_dict = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731 - plain dicts travel to actors
     needs, frame_size = reward_inputs(cfg.reward)
@@ -50,7 +50,8 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology) -> OffPolicyR
         for p in runner_places]
     labelers = [
         ray.remote(Labeler).options(**placed.options(p), max_concurrency=CONCURRENCY).remote(
-            p.index, as_dict(cfg.reward), int(cfg.labeler.bus_items), float(cfg.labeler.bus_timeout_s), p.threads)
+            p.index, as_dict(cfg.reward), int(cfg.labeler.bus_items), float(cfg.labeler.bus_timeout_s), p.threads,
+            quarantine_dir)
         for p in plan.of("labeler")]
     spaces = ray.get(runners[0].spaces.remote())
     (learner_place,) = plan.of("learner")

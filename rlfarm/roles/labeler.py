@@ -1,10 +1,16 @@
 """Labeler role: one worker of the labeling farm. Chunks arrive on a bus; when the bus fires, the reward
 model runs once over every transition it holds (one big batch on this labeler's GPU share), and the
-labeled chunks go straight to the learner. The learner only ever sees rewards produced here."""
+labeled chunks go straight to the learner. The learner only ever sees rewards produced here.
+
+Reward-model faults never become silent zeros: a bus whose model call raises or returns NaN/inf is retried
+once; if it fails again, its chunks are labeled one by one and each chunk that still fails is written to
+`<run_dir>/quarantine/` with the error, counted, and reported to the learner (which returns its credit)."""
 from __future__ import annotations
 
+import json
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 from hydra.utils import instantiate
@@ -17,7 +23,8 @@ LEARNER_FIELDS = ("obs", "action", "next_obs", "terminated")
 
 
 class Labeler:
-    def __init__(self, index: int, reward_cfg: dict, bus_items: int, bus_timeout_s: float, threads: int = 1):
+    def __init__(self, index: int, reward_cfg: dict, bus_items: int, bus_timeout_s: float, threads: int = 1,
+                 quarantine_dir: str | None = None):
         limit_threads(threads)
         self.index = index
         self.device = assigned_device()
@@ -26,7 +33,9 @@ class Labeler:
         self.bus = Bus(bus_items, bus_timeout_s)
         self.learner = None
         self._stop = threading.Event()
-        self.labeled = self.batches = 0
+        self.quarantine_dir = Path(quarantine_dir) if quarantine_dir else None
+        self.labeled = self.batches = self.quarantined = self.retries = 0
+        self.last_error: str | None = None
         self.busy_s = 0.0
         self.lag_sum_s = 0.0
         self.lag_count = 0
@@ -51,11 +60,58 @@ class Labeler:
             self._label(leftover)
         return {"labeler": self.index, "labeled": self.labeled}
 
-    def _label(self, items: list[tuple[dict, dict]]) -> None:
-        started = time.monotonic()
+    def _rewards(self, items: list[tuple[dict, dict]]) -> np.ndarray:
+        """Run the model once over the items; raise on an exception or on a non-finite reward."""
         batch = {key: np.concatenate([chunk[key] for _, chunk in items]) for key in self.model.needs}
         rewards = np.asarray(self.model(batch), dtype=np.float32).reshape(-1)
+        if rewards.shape[0] != sum(meta["size"] for meta, _ in items):
+            raise ValueError(f"reward model returned {rewards.shape[0]} rewards for {sum(m['size'] for m, _ in items)} transitions")
+        if not np.isfinite(rewards).all():
+            raise FloatingPointError(f"reward model returned {int((~np.isfinite(rewards)).sum())} NaN/inf rewards")
+        return rewards
+
+    def _label(self, items: list[tuple[dict, dict]]) -> None:
+        started = time.monotonic()
+        try:
+            try:
+                rewards = self._rewards(items)
+            except Exception as first:  # one retry: transient faults (OOM spikes, flaky remote models) pass
+                self.retries += 1
+                self.last_error = _one_line(first)
+                rewards = self._rewards(items)
+        except Exception:
+            self.busy_s += time.monotonic() - started
+            self._label_one_by_one(items)
+            return
         self.busy_s += time.monotonic() - started
+        self._send(items, rewards)
+
+    def _label_one_by_one(self, items: list[tuple[dict, dict]]) -> None:
+        """Isolate the chunks that break the model; label the rest, quarantine those."""
+        good, bad = [], []
+        for item in items:
+            try:
+                good.append((item, self._rewards([item])))
+            except Exception as error:
+                bad.append((item, _one_line(error)))
+        if good:
+            self._send([item for item, _ in good], np.concatenate([r for _, r in good]))
+        if bad:
+            for (meta, chunk), error in bad:
+                self._quarantine(meta, chunk, error)
+            self.learner.quarantined.remote([meta for (meta, _), _ in bad])
+
+    def _quarantine(self, meta: dict, chunk: dict, error: str) -> None:
+        self.quarantined += meta["size"]
+        self.last_error = error
+        if self.quarantine_dir is None:
+            return
+        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        stem = self.quarantine_dir / f"runner{meta['runner']}_seq{meta['seq']}"
+        np.savez_compressed(f"{stem}.npz", **{k: np.asarray(v) for k, v in chunk.items()})
+        Path(f"{stem}.json").write_text(json.dumps({**meta, "error": error, "labeler": self.index}, indent=1))
+
+    def _send(self, items: list[tuple[dict, dict]], rewards: np.ndarray) -> None:
         labeled_at = time.time()
         out, start = [], 0
         for meta, chunk in items:
@@ -74,4 +130,10 @@ class Labeler:
         lag = self.lag_sum_s / self.lag_count if self.lag_count else 0.0
         self.lag_sum_s, self.lag_count = 0.0, 0
         return {"labeler": self.index, "labeled": self.labeled, "batches": self.batches, "busy_s": self.busy_s,
-                "labeling_lag_s": lag, "queued": len(self.bus), "device": self.device}
+                "labeling_lag_s": lag, "queued": len(self.bus), "device": self.device,
+                "quarantined": self.quarantined, "retries": self.retries, "last_error": self.last_error}
+
+
+def _one_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"

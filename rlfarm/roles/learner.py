@@ -41,6 +41,8 @@ class Learner:
                                    UniformSampler(int(algo_cfg["batch_size"]), generator_seed=seed))
         self.inbox: queue.Queue = queue.Queue()
         self.stored_ids: set[tuple[int, int]] = set()
+        self.quarantined_ids: set[tuple[int, int]] = set()
+        self.quarantined_transitions = 0
         self.unacked: deque[tuple[int, int, int]] = deque()  # (runner, seq, updates required)
         self.runners: list = []
         self._stop = threading.Event()
@@ -56,6 +58,10 @@ class Learner:
     # -- called by labelers ------------------------------------------------------------------------
     def store(self, labeled: list[tuple[dict, dict]]) -> None:
         self.inbox.put(labeled)
+
+    def quarantined(self, metas: list[dict]) -> None:
+        """Chunks a labeler could not label: never stored, but their credits go back to the runners."""
+        self.inbox.put([(meta, None) for meta in metas])
 
     # -- the update loop -----------------------------------------------------------------------------
     def run(self) -> dict:
@@ -91,6 +97,12 @@ class Learner:
     def _store(self, labeled: list[tuple[dict, dict]]) -> None:
         for meta, chunk in labeled:
             chunk_id = (meta["runner"], meta["seq"])
+            if chunk is None:  # quarantined by a labeler
+                if chunk_id not in self.quarantined_ids:
+                    self.quarantined_ids.add(chunk_id)
+                    self.quarantined_transitions += meta["size"]
+                self.unacked.append((*chunk_id, 0))
+                continue
             if chunk_id in self.stored_ids:
                 self.duplicates += 1
                 self.unacked.append((*chunk_id, 0))  # re-ack: the runner may still hold its credit
@@ -143,6 +155,7 @@ class Learner:
         metrics = {k: float(v) for k, v in self._last_metrics.items()}
         staleness, self._staleness = self._staleness, []
         return {"stored": self.stored, "updates": self.updates, "duplicates": self.duplicates,
+                "quarantined": self.quarantined_transitions,
                 "buffer_size": len(self.buffer), "policy_version": self.version, "update_time_s": self.update_time_s,
                 "policy_staleness": float(np.mean(staleness)) if staleness else 0.0, "device": self.device, **metrics}
 

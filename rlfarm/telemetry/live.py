@@ -15,7 +15,8 @@ COLUMNS = (  # (row key, title, format)
     ("env_steps", "env steps", "{:,.0f}"), ("env_steps_per_s", "env steps/s", "{:,.0f}"),
     ("labeled_per_s", "labeled/s", "{:,.0f}"), ("updates_per_s", "updates/s", "{:,.1f}"),
     ("labeling_lag_s", "label lag s", "{:.3f}"), ("buffer_size", "buffer", "{:,.0f}"),
-    ("episode_return_mean", "return (last 10)", "{:.1f}"), ("eta_s", "ETA s", "{:,.0f}"),
+    ("episode_return_mean", "return (last 10)", "{:.1f}"), ("transitions_quarantined", "quarantined", "{:,.0f}"),
+    ("eta_s", "ETA s", "{:,.0f}"),
 )
 
 
