@@ -17,6 +17,8 @@ from rlfarm.errors import RlfarmError
 COMMANDS = {
     "train": ("rlfarm.commands.train", "train", "train a policy: rlfarm train algo=sac env=pendulum topology=local"),
     "plan": ("rlfarm.commands.plan", "train", "show where each role goes: rlfarm plan topology=split_1_3"),
+    "eval": ("rlfarm.commands.eval", "eval", "play a trained policy, write returns and videos: rlfarm eval run_dir=<run>"),
+    "report": ("rlfarm.commands.report", "report", "plot a run or a sweep: rlfarm report path=<run or multirun dir>"),
 }
 HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--shell-completion", "-sc"}
 
@@ -45,6 +47,8 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"unknown command '{command}' — commands are: {', '.join(COMMANDS)}")
     module_name, config_name, _ = COMMANDS[command]
     module = importlib.import_module(module_name)
+    if hasattr(module, "redirect_resume"):
+        rest = module.redirect_resume(rest)
     if not HYDRA_INFO_FLAGS & set(rest):
         try:
             module.preflight(config_name, rest)

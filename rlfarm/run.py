@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.telemetry.metrics import MetricsLogger
+from rlfarm.telemetry.wandb_sink import wandb_options
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -29,7 +30,17 @@ class Run:
         self.checkpoint_dir = self.dir / "checkpoints"
         self.checkpoint_dir.mkdir(exist_ok=True)
         (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        self.metrics = MetricsLogger(self.dir, tensorboard=bool(cfg.logger.tensorboard))
+        self._wandb = wandb_options(cfg)
+        self.metrics = MetricsLogger(self.dir, tensorboard=bool(cfg.logger.tensorboard), wandb=self._wandb)
+
+    def truncate_metrics(self, after_env_steps: int) -> None:
+        """On resume: drop rows logged after the checkpoint, so env_steps never repeat in metrics.jsonl."""
+        self.metrics.close()
+        path = self.dir / "metrics.jsonl"
+        kept = [line for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("env_steps", 0) <= after_env_steps]
+        path.write_text("".join(line + "\n" for line in kept))
+        self.metrics = MetricsLogger(self.dir, tensorboard=self.metrics.tb is not None, wandb=self._wandb)
 
     def log(self, row: dict) -> None:
         self.metrics.log(row)
@@ -38,9 +49,20 @@ class Run:
         self.metrics.close()
         write_json_atomic(self.dir / "summary.json", summary)
 
-    def fail(self, error: str) -> None:
+    def fail(self, error: str, status: str = "failed", **details) -> None:
         self.metrics.close()
-        write_json_atomic(self.dir / "status.json", {"status": "failed", "error": error})
+        write_json_atomic(self.dir / "status.json", {"status": status, "error": error, **details})
+
+
+def newest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The checkpoint to resume from: the one with the most updates (final > preempted > step_N by mtime)."""
+    checkpoints = [p for p in (Path(run_dir) / "checkpoints").glob("*.pt")]
+    return max(checkpoints, key=lambda p: p.stat().st_mtime) if checkpoints else None
+
+
+def is_run_dir(path: str | Path) -> bool:
+    path = Path(path)
+    return (path / "config.yaml").is_file() and (path / "checkpoints").is_dir()
 
 
 def discard_run_dir(directory: str | Path) -> None:

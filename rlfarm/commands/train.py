@@ -1,41 +1,89 @@
 """`rlfarm train`: compose, validate, place the roles, run the family's loop, write the run directory."""
 from __future__ import annotations
 
+import json
 import logging
+import signal
+from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.cli import fail
 from rlfarm.cluster import ray_session
 from rlfarm.commands.common import check_local_cluster, compose_checked
 from rlfarm.config import validate
-from rlfarm.errors import RlfarmError
-from rlfarm.run import Run, discard_run_dir
+from rlfarm.errors import ConfigError, RlfarmError
+from rlfarm.loops.offpolicy import Preempted
+from rlfarm.run import Run, discard_run_dir, is_run_dir, newest_checkpoint
 from rlfarm.telemetry.summary import summary_paragraph
 from rlfarm.topology import PlacedTopology, plan_topology
 
 log = logging.getLogger("rlfarm")
 
 
+RESUME_OVERRIDABLE = ("total_env_steps", "run", "ray")
+PREEMPTED_EXIT = 75  # EX_TEMPFAIL: "try again": a checkpoint was written, rerun with resume=auto
+
+
 def preflight(config_name: str, args: list[str]) -> None:
-    check_local_cluster(compose_checked(config_name, args), args)
+    cfg = compose_checked(config_name, args)
+    if cfg.resume not in (None, "auto") and not is_run_dir(cfg.resume):
+        raise ConfigError(f"resume={cfg.resume} is not a run directory (no config.yaml and checkpoints/ there)",
+                          "pass the directory of an earlier rlfarm run, or resume=auto")
+    check_local_cluster(cfg, args)
+
+
+def redirect_resume(args: list[str]) -> list[str]:
+    """resume=<run_dir> continues *in* that directory: make it Hydra's run dir too."""
+    resume = next((a.split("=", 1)[1] for a in args if a.startswith("resume=")), None)
+    if resume in (None, "auto", "null") or any(a.startswith("hydra.run.dir=") for a in args):
+        return args
+    return [*args, f"hydra.run.dir={resume}"]
+
+
+def resolve_resume(cfg: DictConfig, run_dir: str) -> tuple[DictConfig, str | None]:
+    """(config to run, checkpoint to resume from or None). A resumed run keeps its saved config, except for
+    the keys that only bound or place the run (total_env_steps, run, ray)."""
+    if cfg.resume is None:
+        return cfg, None
+    checkpoint = newest_checkpoint(run_dir)
+    if checkpoint is None:
+        if cfg.resume == "auto":
+            return cfg, None  # nothing to resume yet: a fresh start (first attempt of a requeued job)
+        raise ConfigError(f"resume={cfg.resume}: the run directory has no checkpoint", "start a new run instead")
+    saved = OmegaConf.load(Path(run_dir) / "config.yaml")
+    saved.resume = cfg.resume
+    # Keys given on this command line that only bound or place the run win over the saved ones.
+    for override in HydraConfig.get().overrides.task:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key.split(".")[0] in RESUME_OVERRIDABLE:
+            OmegaConf.update(saved, key, OmegaConf.select(cfg, key), force_add=True)
+    return saved, str(checkpoint)
 
 
 def task(cfg: DictConfig) -> dict:
     run_dir = HydraConfig.get().runtime.output_dir
+    if cfg.resume is not None and (Path(run_dir) / "summary.json").exists():
+        log.info("%s already holds a finished run (summary.json); nothing to resume", run_dir)
+        return json.loads((Path(run_dir) / "summary.json").read_text())
     try:
+        cfg, resume_from = resolve_resume(cfg, run_dir)
         validate(cfg)
         plan = plan_topology(cfg.topology)
     except RlfarmError as error:
-        discard_run_dir(run_dir)
+        if resume_from_dir_is_new(cfg, run_dir):
+            discard_run_dir(run_dir)
         fail(error)
     run = None
     try:
         with ray_session(cfg.ray, plan):
             placed = PlacedTopology(plan, float(cfg.ray.ready_timeout_s))
             run = Run(cfg, run_dir)
-            summary = train_family(cfg, run, placed)
+            summary = train_family(cfg, run, placed, resume_from)
+    except Preempted as preempted:
+        run.fail(str(preempted), status="preempted", checkpoint=preempted.checkpoint)
+        fail(str(preempted), code=PREEMPTED_EXIT)
     except KeyboardInterrupt:
         if run is not None:
             run.fail("interrupted")
@@ -44,7 +92,7 @@ def task(cfg: DictConfig) -> dict:
         log.debug("run failed", exc_info=True)
         error = _innermost(error)
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        if run is None:
+        if run is None and resume_from_dir_is_new(cfg, run_dir):
             discard_run_dir(run_dir)
         else:
             run.fail(message)
@@ -60,11 +108,18 @@ def _innermost(error: BaseException) -> BaseException:
     return error
 
 
-def train_family(cfg: DictConfig, run: Run, placed: PlacedTopology) -> dict:
+def resume_from_dir_is_new(cfg: DictConfig, run_dir: str) -> bool:
+    """Never delete a directory that holds an earlier run (resume)."""
+    return not is_run_dir(run_dir)
+
+
+def train_family(cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None) -> dict:
     if cfg.algo.family == "offpolicy":
         from rlfarm.loops.offpolicy import OffPolicyLoop
 
-        loop = OffPolicyLoop(cfg, run, placed)
+        loop = OffPolicyLoop(cfg, run, placed, resume_from)
+        # Slurm sends SIGTERM before it kills a job: checkpoint and exit with PREEMPTED_EXIT.
+        signal.signal(signal.SIGTERM, lambda *_: loop.request_preemption())
         summary = loop.train()
         if cfg.run.checkpoint:
             summary["checkpoint"] = loop.checkpoint()

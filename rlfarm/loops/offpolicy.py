@@ -21,30 +21,89 @@ RETURN_WINDOW = 10  # episode_return_mean is over the last 10 finished episodes
 FLUSH_TIMEOUT_S = 120.0
 
 
+SEQS_PER_EPOCH = 10**9  # chunk seq numbers of the k-th (re)start begin at k·10⁹: ids never collide
+
+
 class RoleFailed(RuntimeError):
     pass
 
 
+class Preempted(Exception):
+    """SIGTERM arrived (Slurm preemption or time limit): a checkpoint was written; resume with resume=auto."""
+
+    def __init__(self, checkpoint: str):
+        super().__init__(f"preempted: checkpoint {checkpoint} written; rerun with resume=auto to continue")
+        self.checkpoint = checkpoint
+
+
 class OffPolicyLoop:
-    def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology):
+    def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None):
         self.cfg, self.run = cfg, run
         self.roles: OffPolicyRoles = start_offpolicy_roles(cfg, placed, str(run.dir / "quarantine"))
         self.returns: deque[float] = deque(maxlen=RETURN_WINDOW)
         self.episodes = 0
+        self.epoch = 0
+        self.offset = {"env_steps": 0, "produced": 0, "labeled": 0, "wall_s": 0.0}
         self.started = time.monotonic()
         self._previous: dict | None = None
         self._out_of_time = False
+        self._preempt = False
+        self._last_checkpoint = (0, time.monotonic())  # (updates, time)
+        if resume_from:
+            self._resume(resume_from)
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def _resume(self, path: str) -> None:
+        """Continue from a checkpoint: the learner restores itself; counters continue from what it had stored."""
+        extra = ray.get(self.roles.learner.load.remote(path))
+        learner = ray.get(self.roles.learner.stats.remote())
+        settled = learner["stored"] + learner["quarantined"]
+        self.offset = {"env_steps": settled, "produced": settled, "labeled": learner["stored"],
+                       "wall_s": float(extra.get("wall_s", 0.0))}
+        self.episodes = int(extra.get("episodes", 0))
+        self.returns.extend(extra.get("returns", []))
+        self.epoch = int(extra.get("epoch", 0)) + 1
+        self._last_checkpoint = (learner["updates"], time.monotonic())
+        self.run.truncate_metrics(after_env_steps=settled)
+        log.info("resumed from %s at %d env steps, %d updates", path, settled, learner["updates"])
+
+    def checkpoint(self, name: str = "final.pt", with_buffer: bool | None = None) -> str:
+        if with_buffer is None:
+            with_buffer = bool(self.cfg.run.checkpoint_buffer)
+        extra = {"epoch": self.epoch, "episodes": self.episodes, "returns": list(self.returns),
+                 "wall_s": self.offset["wall_s"] + time.monotonic() - self.started}
+        return ray.get(self.roles.learner.save.remote(str(self.run.checkpoint_dir / name), with_buffer, extra))
+
+    def request_preemption(self) -> None:
+        """Signal-handler side: only sets a flag; the loop checkpoints on its next tick."""
+        self._preempt = True
+
+    def _maybe_checkpoint(self, updates: int) -> None:
+        every_updates, every_min = self.cfg.run.checkpoint_every_updates, self.cfg.run.checkpoint_every_min
+        last_updates, last_time = self._last_checkpoint
+        due = (every_updates and updates - last_updates >= every_updates) or \
+              (every_min and time.monotonic() - last_time >= 60 * every_min)
+        if due:
+            path = self.checkpoint(f"step_{updates:09d}.pt")
+            self._last_checkpoint = (updates, time.monotonic())
+            for old in sorted(self.run.checkpoint_dir.glob("step_*.pt"))[:-2]:  # keep the newest two
+                old.unlink(missing_ok=True)
+            log.info("checkpoint %s", path)
 
     def train(self) -> dict:
         roles, total = self.roles, int(self.cfg.total_env_steps)
-        shares = np.array_split(np.arange(total), len(roles.runners))
+        shares = np.array_split(np.arange(max(total - self.offset["env_steps"], 0)), len(roles.runners))
         learner_done = roles.learner.run.remote()
         labelers_done = [l.run.remote() for l in roles.labelers]
-        runners_done = [r.run.remote(len(share)) for r, share in zip(roles.runners, shares)]
+        runners_done = [r.run.remote(len(share), self.epoch * SEQS_PER_EPOCH) for r, share in zip(roles.runners, shares)]
         with LiveView(f"rlfarm · {self.cfg.algo.name} · {self.cfg.env.id} · {self.cfg.topology.name}",
                       self.cfg.run.live) as view:
             while not self._finished(runners_done, [learner_done, *labelers_done]):   # 1. act/label/learn
-                view.update(self._record())
+                row = self._record()
+                view.update(row)
+                self._maybe_checkpoint(row["updates"])
+                if self._preempt:
+                    raise Preempted(self.checkpoint("preempted.pt", with_buffer=True))
             produced = sum(r["produced"] for r in ray.get(runners_done))
             self._flush(produced, [learner_done, *labelers_done])                        # 2. label + store the tail
             ray.get([l.stop.remote() for l in roles.labelers] + [roles.learner.stop.remote()])
@@ -99,15 +158,16 @@ class OffPolicyLoop:
             self.returns.extend(r["episode_returns"])
             self.episodes += len(r["episode_returns"])
         now = time.monotonic()
-        counters = {"env_steps": sum(r["env_steps"] for r in runners),
-                    "produced": sum(r["produced"] for r in runners),
-                    "labeled": sum(l["labeled"] for l in labelers),
+        off = self.offset
+        counters = {"env_steps": off["env_steps"] + sum(r["env_steps"] for r in runners),
+                    "produced": off["produced"] + sum(r["produced"] for r in runners),
+                    "labeled": off["labeled"] + sum(l["labeled"] for l in labelers),
                     "stored": learner["stored"], "updates": learner["updates"],
                     "labeler_busy_s": sum(l["busy_s"] for l in labelers), "t": now}
-        prev, self._previous = self._previous or {**counters, "t": self.started}, counters
+        prev, self._previous = self._previous or {**counters, **off, "t": self.started}, counters
         dt = max(now - prev["t"], 1e-9)
         rate = lambda key: (counters[key] - prev[key]) / dt  # noqa: E731
-        elapsed = now - self.started
+        elapsed = now - self.started + off["wall_s"]
         total = int(self.cfg.total_env_steps)
         lags = [l["labeling_lag_s"] for l in labelers if l["labeling_lag_s"] > 0]
         losses = {k: learner[k] for k in ("critic_loss", "actor_loss", "alpha", "entropy") if k in learner}
@@ -125,7 +185,7 @@ class OffPolicyLoop:
             "reward_last_error": next((l["last_error"] for l in labelers if l["last_error"]), None),
             "episodes": self.episodes,
             "episode_return_mean": float(np.mean(self.returns)) if self.returns else None,
-            "eta_s": (total - counters["env_steps"]) / max(counters["env_steps"], 1) * elapsed,
+            "eta_s": (total - counters["env_steps"]) / max(counters["env_steps"] - off["env_steps"], 1) * (now - self.started),
             **losses,
         }
 
@@ -133,10 +193,8 @@ class OffPolicyLoop:
         keys = ("env_steps", "transitions_produced", "transitions_labeled", "transitions_stored",
                 "transitions_quarantined", "reward_retries", "reward_last_error", "updates",
                 "episodes", "episode_return_mean", "duplicates", "policy_version")
-        return {k: row[k] for k in keys} | {"wall_s": round(time.monotonic() - self.started, 2)}
-
-    def checkpoint(self, name: str = "final.pt") -> str:
-        return ray.get(self.roles.learner.save.remote(str(self.run.checkpoint_dir / name)))
+        return {k: row[k] for k in keys} | {"wall_s": round(self.offset["wall_s"] + time.monotonic() - self.started, 2),
+                                             "restarts": self.epoch}
 
 
 def _accounted(learner_stats: dict) -> int:

@@ -119,10 +119,11 @@ class EnvRunner:
         chunk = {k: np.concatenate(v, axis=0) for k, v in fields.items()}
         return chunk, obs
 
-    def run(self, max_env_steps: int) -> dict:
-        """Act until `max_env_steps` (this runner's share) or stop(); returns this runner's totals."""
+    def run(self, max_env_steps: int, first_seq: int = 0) -> dict:
+        """Act until `max_env_steps` (this runner's share) or stop(); returns this runner's totals.
+        `first_seq` keeps chunk ids of a resumed run apart from those stored before the restart."""
         obs = self.env.reset()
-        seq = 0
+        seq = first_seq
         while self.env_steps < max_env_steps and not self._stop.is_set():
             waited = time.monotonic()
             while not self.credits.acquire(timeout=0.1):

@@ -46,6 +46,7 @@ class Learner:
         self.unacked: deque[tuple[int, int, int]] = deque()  # (runner, seq, updates required)
         self.runners: list = []
         self._stop = threading.Event()
+        self._state_lock = threading.Lock()
         self.stored = self.duplicates = self.updates = self.version = 0
         self.update_time_s = 0.0
         self._last_metrics: dict[str, torch.Tensor] = {}
@@ -66,11 +67,12 @@ class Learner:
     # -- the update loop -----------------------------------------------------------------------------
     def run(self) -> dict:
         while True:
-            self._drain_inbox()
-            owed = self._updates_owed()
-            if owed > 0:
-                self._update(min(owed, UPDATES_PER_BURST))
-            self._ack_paid()
+            with self._state_lock:  # a checkpoint (another thread) sees the state between bursts only
+                self._drain_inbox()
+                owed = self._updates_owed()
+                if owed > 0:
+                    self._update(min(owed, UPDATES_PER_BURST))
+                self._ack_paid()
             if owed <= 0:
                 if self._stop.is_set() and self.inbox.empty():
                     break
@@ -83,9 +85,11 @@ class Learner:
 
     def _wait_for_data(self) -> None:
         try:
-            self._store(self.inbox.get(timeout=0.05))
+            labeled = self.inbox.get(timeout=0.05)
         except queue.Empty:
-            pass
+            return
+        with self._state_lock:
+            self._store(labeled)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -159,13 +163,32 @@ class Learner:
                 "buffer_size": len(self.buffer), "policy_version": self.version, "update_time_s": self.update_time_s,
                 "policy_staleness": float(np.mean(staleness)) if staleness else 0.0, "device": self.device, **metrics}
 
-    def save(self, path: str, with_buffer: bool = False) -> str:
-        """Atomic checkpoint: write to a temp file, then rename."""
-        state = {"agent": self.agent.state_dict(), "stored": self.stored, "updates": self.updates,
-                 "version": self.version, "stored_ids": sorted(self.stored_ids)}
-        if with_buffer:
-            state["buffer"] = self.buffer.state_dict()
-        tmp = f"{path}.tmp"
-        torch.save(state, tmp)
+    def save(self, path: str, with_buffer: bool = True, extra: dict | None = None) -> str:
+        """Atomic checkpoint (write a temp file, then rename): networks, optimizers, entropy temperature,
+        counters, stored chunk ids, RNG states, the replay buffer (optional) and the driver's `extra` state."""
+        with self._state_lock:
+            state = {"agent": self.agent.state_dict(), "stored": self.stored, "updates": self.updates,
+                     "version": self.version, "duplicates": self.duplicates,
+                     "quarantined": self.quarantined_transitions,
+                     "stored_ids": [list(i) for i in sorted(self.stored_ids)],
+                     "torch_rng": torch.get_rng_state(), "extra": extra or {}}
+            if with_buffer:
+                state["buffer"] = self.buffer.state_dict()
+            tmp = f"{path}.tmp"
+            torch.save(state, tmp)
         os.replace(tmp, path)
         return path
+
+    def load(self, path: str) -> dict:
+        """Restore a checkpoint written by `save` (weights_only: no code runs from the file). Returns `extra`."""
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        with self._state_lock:
+            self.agent.load_state_dict(state["agent"])
+            self.stored, self.updates, self.version = int(state["stored"]), int(state["updates"]), int(state["version"])
+            self.duplicates, self.quarantined_transitions = int(state["duplicates"]), int(state["quarantined"])
+            self.stored_ids = {tuple(i) for i in state["stored_ids"]}
+            torch.set_rng_state(state["torch_rng"].cpu())
+            if "buffer" in state:
+                self.buffer.load_state_dict(state["buffer"])
+        self._publish()  # runners act with the restored policy from their first chunk
+        return state["extra"]

@@ -1,0 +1,335 @@
+"""Figures and a markdown table from run directories (metrics.jsonl, config.yaml, summary.json). No Hydra.
+
+A *report root* is a run directory or any directory holding runs (a Hydra sweep dir, or a parent of several).
+Runs of a root are labelled by the config keys that differ between them (e.g. `seed=2 algo.lr=0.001`), so
+Hydra's long sweep subdir names never reach a legend. Runs whose configs are equal except for `seed` form a
+*seed group*, drawn as mean ± std across seeds on a common x grid (each run interpolated, over the x range
+that all of the group's runs cover).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# (metric key, x key, panel title, x label). Rates are smoothed (they are per-window counts and spike as chunks land).
+PANELS = {
+    "return_vs_steps": ("episode_return_mean", "env_steps", "episode return (mean of last 10)", "env steps"),
+    "return_vs_wall": ("episode_return_mean", "wall_s", "episode return (mean of last 10)", "wall time (s)"),
+    "env_steps_per_s": ("env_steps_per_s", "wall_s", "acting: env steps / s", "wall time (s)"),
+    "labeled_per_s": ("labeled_per_s", "wall_s", "labeling: transitions / s", "wall time (s)"),
+    "updates_per_s": ("updates_per_s", "wall_s", "learning: updates / s", "wall time (s)"),
+    "labeling_lag_s": ("labeling_lag_s", "wall_s", "labeling lag (s, produced → labeled)", "wall time (s)"),
+    "buffer_size": ("buffer_size", "wall_s", "replay buffer size", "wall time (s)"),
+}
+FIGURES = {
+    "returns": ["return_vs_steps", "return_vs_wall"],
+    "throughput": ["env_steps_per_s", "labeled_per_s", "updates_per_s"],
+    "labeling": ["labeling_lag_s", "buffer_size"],
+}
+PANEL_INCHES = (4.8, 3.4)
+IGNORED_KEYS = {"seed"}  # what may differ inside a seed group
+
+
+@dataclass
+class RunData:
+    dir: Path
+    config: dict                   # flattened: {"algo.lr": 0.001, ...}
+    metrics: list[dict]
+    summary: dict | None = None    # None: the run did not finish
+    status: dict | None = None     # status.json of a failed run
+    label: str = ""
+    color: tuple = field(default=(0, 0, 0))
+
+    @property
+    def state(self) -> str:
+        if self.summary is not None:
+            return "done"
+        if self.status is not None:
+            return f"failed: {self.status.get('error', '?')}"
+        return "unfinished"
+
+    @property
+    def final(self) -> dict:
+        """summary.json, or the last metrics row of a run that has none."""
+        if self.summary is not None:
+            return self.summary
+        return self.metrics[-1] if self.metrics else {}
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Run directories under root (root itself when it is one): those holding metrics.jsonl, in natural order."""
+    root = Path(root)
+    if (root / "metrics.jsonl").is_file():
+        return [root]
+    return sorted((p.parent for p in root.rglob("metrics.jsonl")), key=lambda p: _natural_key(p.relative_to(root)))
+
+
+def load_runs(root: Path) -> list[RunData]:
+    """Every run under root, labelled by what differs between them and given a colour each."""
+    import yaml
+
+    runs = []
+    for directory in find_runs(root):
+        config_path = directory / "config.yaml"
+        config = _flatten(yaml.safe_load(config_path.read_text()) or {}) if config_path.is_file() else {}
+        runs.append(RunData(directory, config, _read_jsonl(directory / "metrics.jsonl"),
+                            _read_json(directory / "summary.json"), _read_json(directory / "status.json")))
+    keys = varying_keys(runs)
+    colors = _colors(len(runs))
+    for run, color in zip(runs, colors):
+        run.label = " ".join(f"{k}={_short(run.config.get(k))}" for k in keys) or run.dir.name
+        run.color = color
+    return runs
+
+
+def varying_keys(runs: list[RunData]) -> list[str]:
+    """Config keys whose value is not the same in every run (seed first)."""
+    if len(runs) < 2:
+        return []
+    keys = sorted(set().union(*(r.config for r in runs)))
+    varying = [k for k in keys if len({json.dumps(r.config.get(k), sort_keys=True, default=str) for r in runs}) > 1]
+    return sorted(varying, key=lambda k: (k != "seed", k))
+
+
+def seed_groups(runs: list[RunData]) -> list[list[RunData]]:
+    """Groups of ≥ 2 runs whose configs are equal except for the seed, and whose seeds all differ."""
+    groups: dict[str, list[RunData]] = {}
+    for run in runs:
+        if not run.config:
+            continue
+        rest = {k: v for k, v in run.config.items() if k not in IGNORED_KEYS}
+        groups.setdefault(json.dumps(rest, sort_keys=True, default=str), []).append(run)
+    return [g for g in groups.values() if len(g) >= 2 and len({r.config.get("seed") for r in g}) == len(g)]
+
+
+def series(run: RunData, key: str, x_key: str, smooth: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of one metric over the run's rows, rows without a finite value dropped; rates smoothed."""
+    points = [(row[x_key], row[key]) for row in run.metrics
+              if _finite(row.get(x_key)) and _finite(row.get(key))]
+    if not points:
+        return np.empty(0), np.empty(0)
+    x, y = (np.asarray(v, dtype=np.float64) for v in zip(*points))
+    if key.endswith("_per_s") and smooth > 1:
+        y = moving_average(y, smooth)
+    return x, y
+
+
+def moving_average(y: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over up to `window` points (shorter at the start), same length as y."""
+    cumulative = np.concatenate([[0.0], np.cumsum(y)])
+    idx = np.arange(1, len(y) + 1)
+    start = np.maximum(idx - window, 0)
+    return (cumulative[idx] - cumulative[start]) / (idx - start)
+
+
+def mean_spread(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 200):
+    """Mean and std of curves on a shared grid over the x range every curve covers; None if they share none."""
+    curves = [(x, y) for x, y in curves if len(x)]
+    if len(curves) < 2:
+        return None
+    low, high = max(x[0] for x, _ in curves), min(x[-1] for x, _ in curves)
+    if not high > low:
+        return None
+    grid = np.linspace(low, high, points)
+    stacked = np.stack([np.interp(grid, x, y) for x, y in curves])
+    return grid, stacked.mean(0), stacked.std(0)
+
+
+def plot_panels(runs: list[RunData], panels: list[str], path: Path, smooth: int = 5, dpi: int = 100,
+                title: str | None = None, ncols: int | None = None) -> Path:
+    """One figure, one subplot per panel name (see PANELS), every run overlaid in its colour."""
+    fig, axes = _figure(len(panels), ncols, title)
+    for ax, name in zip(axes, panels):
+        key, x_key, panel_title, x_label = PANELS[name]
+        for run in runs:
+            x, y = series(run, key, x_key, smooth)
+            if len(x):
+                ax.plot(x, y, color=run.color, lw=1.4, label=run.label)
+        _style(ax, panel_title, x_label, empty=not ax.lines)
+    _legend(axes[0], runs)
+    return _save(fig, path, dpi)
+
+
+def plot_seed_groups(groups: list[list[RunData]], path: Path, smooth: int = 5, dpi: int = 100,
+                     title: str | None = None) -> Path:
+    """Return vs env steps and vs wall time: each seed group's mean (line) ± std (band), its seeds faint."""
+    panels = FIGURES["returns"]
+    fig, axes = _figure(len(panels), None, title)
+    for ax, name in zip(axes, panels):
+        key, x_key, panel_title, x_label = PANELS[name]
+        for group in groups:
+            color = group[0].color
+            curves = [series(run, key, x_key, smooth) for run in group]
+            for x, y in curves:
+                ax.plot(x, y, color=color, lw=0.7, alpha=0.35)
+            stats = mean_spread(curves)
+            if stats is None:
+                continue
+            grid, mean, std = stats
+            ax.plot(grid, mean, color=color, lw=2, label=_group_label(group))
+            ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, lw=0)
+        _style(ax, f"{panel_title}: mean ± std over seeds", x_label, empty=not ax.lines)
+    if any(ax.get_legend_handles_labels()[1] for ax in axes[:1]):
+        axes[0].legend(fontsize=7, loc="best")
+    return _save(fig, path, dpi)
+
+
+def write_report(root: Path, smooth: int = 5, dpi: int = 100) -> dict:
+    """PNGs under <root>/report/ and <root>/report.md. Returns {"runs": n, "figures": [paths], "markdown": path}."""
+    root = Path(root)
+    runs = load_runs(root)
+    if not runs:
+        raise FileNotFoundError(f"no run (a directory with metrics.jsonl) under {root}")
+    out = root / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    name = root.name if len(runs) == 1 else f"{root.name} ({len(runs)} runs)"
+    figures = [plot_panels(runs, panels, out / f"{fig_name}.png", smooth, dpi, f"{fig_name}: {name}")
+               for fig_name, panels in FIGURES.items()]
+    figures.append(plot_panels(runs, [p for names in FIGURES.values() for p in names], out / "overview.png",
+                               smooth, dpi, name, ncols=4))
+    groups = seed_groups(runs)
+    if groups:
+        figures.append(plot_seed_groups(groups, out / "returns_across_seeds.png", smooth, dpi, name))
+    markdown = root / "report.md"
+    markdown.write_text(report_markdown(root, runs, groups, figures))
+    return {"runs": len(runs), "figures": figures, "markdown": markdown}
+
+
+def report_markdown(root: Path, runs: list[RunData], groups: list[list[RunData]], figures: list[Path]) -> str:
+    """A table of each run's final metrics (summary.json, or the last metrics row if unfinished), seed-group
+    means, and links to the figures."""
+    lines = [f"# rlfarm report: `{root}`", "", f"{len(runs)} run{'s' if len(runs) != 1 else ''}.", ""]
+    columns = ["run", "dir", "status", "env steps", "updates", "return (last 10)", "wall s", "env steps/s", "stored"]
+    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for run in runs:
+        f = run.final
+        rate = f["env_steps"] / f["wall_s"] if _finite(f.get("env_steps")) and f.get("wall_s") else None
+        cells = [run.label, f"`{_relative(run.dir, root)}`", run.state, _fmt(f.get("env_steps"), ",.0f"),
+                 _fmt(f.get("updates"), ",.0f"), _fmt(f.get("episode_return_mean"), ".1f"), _fmt(f.get("wall_s"), ".1f"),
+                 _fmt(rate, ",.1f"), _fmt(f.get("transitions_stored"), ",.0f")]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    if groups:
+        lines += ["", "## Across seeds", "", "| config | seeds | return (last 10), mean ± std | wall s, mean |",
+                  "|---|---|---|---|"]
+        for group in groups:
+            returns = [r.final.get("episode_return_mean") for r in group]
+            returns = [v for v in returns if _finite(v)]
+            walls = [r.final["wall_s"] for r in group if _finite(r.final.get("wall_s"))]
+            ret = f"{np.mean(returns):.1f} ± {np.std(returns):.1f}" if returns else "-"
+            seeds = ", ".join(str(r.config.get("seed")) for r in group)
+            lines.append(f"| {_group_label(group)} | {seeds} | {ret} | {_fmt(np.mean(walls) if walls else None, '.1f')} |")
+    lines += ["", "## Figures", ""]
+    lines += [f"![{p.stem}]({_relative(p, root)})" for p in figures]
+    return "\n".join(lines) + "\n"
+
+
+# -- helpers --------------------------------------------------------------------------------------
+def _figure(panels: int, ncols: int | None, title: str | None):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ncols = min(ncols or panels, panels)
+    nrows = math.ceil(panels / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(PANEL_INCHES[0] * ncols, PANEL_INCHES[1] * nrows + 0.4),
+                             squeeze=False, layout="constrained")
+    axes = list(axes.flat)
+    for ax in axes[panels:]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig, axes[:panels]
+
+
+def _style(ax, title: str, x_label: str, empty: bool) -> None:
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(x_label, fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+    if empty:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def _legend(ax, runs: list[RunData]) -> None:
+    if 1 < len(runs) <= 12:
+        ax.legend(fontsize=7, loc="best")
+
+
+def _save(fig, path: Path, dpi: int) -> Path:
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+def _colors(n: int) -> list[tuple]:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10" if n <= 10 else "viridis"]
+    return [tuple(cmap(i if n <= 10 else i / max(n - 1, 1))) for i in range(n)]
+
+
+def _group_label(group: list[RunData]) -> str:
+    others = [part for part in group[0].label.split(" ") if not part.startswith("seed=")]
+    return f"{' '.join(others) or 'all runs'} ({len(group)} seeds)"
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str) if isinstance(value, (list, dict)) else str(value)
+    return text.replace(" ", "")
+
+
+def _natural_key(path: Path) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _fmt(value, spec: str) -> str:
+    return format(value, spec) if _finite(value) else "-"
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(Path(path).relative_to(root)) or "."
+    except ValueError:
+        return str(path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a run killed mid-write leaves a partial last line
+            continue
+    return rows
