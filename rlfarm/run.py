@@ -24,14 +24,16 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 
 class Run:
-    def __init__(self, cfg: DictConfig, directory: str | Path):
+    def __init__(self, cfg: DictConfig, directory: str | Path, step_key: str = "env_steps"):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_dir = self.dir / "checkpoints"
         self.checkpoint_dir.mkdir(exist_ok=True)
         (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         self._wandb = wandb_options(cfg)
-        self.metrics = MetricsLogger(self.dir, tensorboard=bool(cfg.logger.tensorboard), wandb=self._wandb)
+        self.step_key = step_key
+        self.metrics = MetricsLogger(self.dir, tensorboard=bool(cfg.logger.tensorboard), wandb=self._wandb,
+                                     step_key=step_key)
 
     def truncate_metrics(self, after_env_steps: int) -> None:
         """On resume: drop rows logged after the checkpoint, so env_steps never repeat in metrics.jsonl."""

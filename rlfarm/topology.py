@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 from rlfarm.errors import TopologyError
 
-ROLE_NAMES = ("learner", "env_runner", "labeler")
+ROLE_NAMES = ("learner", "env_runner", "labeler", "engine")
+# Roles each algorithm family needs; a topology may list more (a shared file for both families).
+FAMILY_ROLES = {"offpolicy": ("learner", "env_runner", "labeler"), "onpolicy": ("learner", "engine", "labeler")}
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,9 @@ def _role_field(role: str, spec: Mapping, key: str, default, kind):
     return value
 
 
-def plan_topology(topology: Mapping) -> Plan:
-    """Pack role instances into per-GPU bundles. Raises TopologyError on an impossible topology."""
+def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
+    """Pack role instances into per-GPU bundles. Raises TopologyError on an impossible topology.
+    Only the roles `family` uses are placed."""
     name = str(topology.get("name", "custom"))
     pools = topology.get("pools") or {}
     pool_gpus: dict[str, int] = {}
@@ -72,7 +75,7 @@ def plan_topology(topology: Mapping) -> Plan:
                                 f"set topology.pools.{pool}.gpus=<int>")
         pool_gpus[pool] = gpus
     roles = topology.get("roles") or {}
-    for missing in (r for r in ROLE_NAMES if r not in roles):
+    for missing in (r for r in FAMILY_ROLES[family] if r not in roles):
         raise TopologyError(f"topology '{name}' has no role '{missing}'",
                             f"add topology.roles.{missing} with pool/count/cpus/gpus")
     free: dict[str, list[float]] = {pool: [1.0] * n for pool, n in pool_gpus.items()}
@@ -81,6 +84,8 @@ def plan_topology(topology: Mapping) -> Plan:
     for role, spec in roles.items():
         if role not in ROLE_NAMES:
             raise TopologyError(f"unknown role '{role}' in topology '{name}'", f"roles are {', '.join(ROLE_NAMES)}")
+        if role not in FAMILY_ROLES[family]:
+            continue
         count = _role_field(role, spec, "count", 1, float)
         if count != int(count) or (role == "learner" and count != 1):
             raise TopologyError(f"topology.roles.{role}.count must be a whole number{' equal to 1' if role == 'learner' else ''}, got {count:g}",

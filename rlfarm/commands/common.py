@@ -32,6 +32,6 @@ def launches_elsewhere(args: list[str]) -> bool:
 
 
 def check_local_cluster(cfg: DictConfig, args: list[str]) -> None:
-    plan = plan_topology(cfg.topology)
+    plan = plan_topology(cfg.topology, cfg.algo.family)
     if not cfg.ray.address and not launches_elsewhere(args):
         check_cluster(plan, local_resources(cfg.ray.num_cpus, cfg.ray.num_gpus))

@@ -42,7 +42,7 @@ def placements_with_gpu_ids(plan, placed: PlacedTopology) -> list[dict]:
 
 def task(cfg: DictConfig) -> list[dict]:
     try:
-        plan = plan_topology(cfg.topology)
+        plan = plan_topology(cfg.topology, cfg.algo.family)
         with ray_session(cfg.ray, plan):
             placed = PlacedTopology(plan, float(cfg.ray.ready_timeout_s))
             rows = placements_with_gpu_ids(plan, placed)

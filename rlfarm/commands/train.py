@@ -16,7 +16,7 @@ from rlfarm.config import validate
 from rlfarm.errors import ConfigError, RlfarmError
 from rlfarm.loops.offpolicy import Preempted
 from rlfarm.run import Run, discard_run_dir, is_run_dir, newest_checkpoint
-from rlfarm.telemetry.summary import summary_paragraph
+from rlfarm.telemetry.summary import onpolicy_paragraph, summary_paragraph
 from rlfarm.topology import PlacedTopology, plan_topology
 
 log = logging.getLogger("rlfarm")
@@ -70,7 +70,7 @@ def task(cfg: DictConfig) -> dict:
     try:
         cfg, resume_from = resolve_resume(cfg, run_dir)
         validate(cfg)
-        plan = plan_topology(cfg.topology)
+        plan = plan_topology(cfg.topology, cfg.algo.family)
     except RlfarmError as error:
         if resume_from_dir_is_new(cfg, run_dir):
             discard_run_dir(run_dir)
@@ -79,7 +79,7 @@ def task(cfg: DictConfig) -> dict:
     try:
         with ray_session(cfg.ray, plan):
             placed = PlacedTopology(plan, float(cfg.ray.ready_timeout_s))
-            run = Run(cfg, run_dir)
+            run = Run(cfg, run_dir, step_key="env_steps" if cfg.algo.family == "offpolicy" else "updates")
             summary = train_family(cfg, run, placed, resume_from)
     except Preempted as preempted:
         run.fail(str(preempted), status="preempted", checkpoint=preempted.checkpoint)
@@ -97,7 +97,8 @@ def task(cfg: DictConfig) -> dict:
         else:
             run.fail(message)
         fail(message if isinstance(error, RlfarmError) else f"{type(error).__name__}: {message}")
-    log.info(summary_paragraph(cfg, summary, run_dir))
+    log.info(summary_paragraph(cfg, summary, run_dir) if cfg.algo.family == "offpolicy"
+             else onpolicy_paragraph(cfg, summary, run_dir))
     return summary
 
 
@@ -125,4 +126,13 @@ def train_family(cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from:
             summary["checkpoint"] = loop.checkpoint()
         run.finish(summary)
         return summary
-    raise RlfarmError(f"algo family '{cfg.algo.family}' has no training loop yet", "use algo=sac")
+    if cfg.algo.family == "onpolicy":
+        from rlfarm.loops.onpolicy import OnPolicyLoop
+
+        loop = OnPolicyLoop(cfg, run, placed)
+        summary = loop.train()
+        if cfg.run.checkpoint:
+            summary["checkpoint"] = loop.checkpoint()
+        run.finish(summary)
+        return summary
+    raise RlfarmError(f"algo family '{cfg.algo.family}' has no training loop", "use algo=sac or algo=grpo")

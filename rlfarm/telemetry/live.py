@@ -11,6 +11,11 @@ from rich.table import Table
 
 log = logging.getLogger("rlfarm")
 
+ONPOLICY_COLUMNS = (
+    ("updates", "updates", "{:,.0f}"), ("samples_per_s", "samples/s", "{:,.0f}"), ("reward", "reward", "{:.3f}"),
+    ("reward_mean", "reward (last 10)", "{:.3f}"), ("kept_groups", "kept groups", "{:.2f}"),
+    ("entropy", "entropy", "{:.2f}"), ("wall_s", "wall s", "{:,.0f}"),
+)
 COLUMNS = (  # (row key, title, format)
     ("env_steps", "env steps", "{:,.0f}"), ("env_steps_per_s", "env steps/s", "{:,.0f}"),
     ("labeled_per_s", "labeled/s", "{:,.0f}"), ("updates_per_s", "updates/s", "{:,.1f}"),
@@ -25,7 +30,8 @@ def _fmt(fmt: str, value) -> str:
 
 
 class LiveView:
-    def __init__(self, title: str, mode: str | bool = "auto", log_every_s: float = 10.0):
+    def __init__(self, title: str, mode: str | bool = "auto", log_every_s: float = 10.0, columns: str = "offpolicy"):
+        self.columns = ONPOLICY_COLUMNS if columns == "onpolicy" else COLUMNS
         console = Console(file=sys.stdout)
         self.enabled = console.is_terminal if mode == "auto" else bool(mode)
         self.title, self.log_every_s, self._last_log = title, log_every_s, 0.0
@@ -43,11 +49,11 @@ class LiveView:
     def update(self, row: dict) -> None:
         if self.live:
             table = Table(title=self.title, title_justify="left")
-            for _, title, _ in COLUMNS:
+            for _, title, _ in self.columns:
                 table.add_column(title, justify="right")
-            table.add_row(*(_fmt(fmt, row.get(key)) for key, _, fmt in COLUMNS))
+            table.add_row(*(_fmt(fmt, row.get(key)) for key, _, fmt in self.columns))
             self.live.update(table)
         now = time.monotonic()
         if now - self._last_log >= self.log_every_s:  # also into train.log, on a terminal or not
             self._last_log = now
-            log.info("  ".join(f"{title}={_fmt(fmt, row.get(key))}" for key, title, fmt in COLUMNS))
+            log.info("  ".join(f"{title}={_fmt(fmt, row.get(key))}" for key, title, fmt in self.columns))

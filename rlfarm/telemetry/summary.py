@@ -20,3 +20,10 @@ def summary_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
             f"labeled {s['transitions_labeled']:,}, stored {s['transitions_stored']:,} ({exact}, "
             f"{s.get('duplicates', 0)} duplicates dropped).{faults} Run dir: {run_dir} "
             f"(curves: tensorboard --logdir {run_dir}/tb).")
+
+
+def onpolicy_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
+    reached = "reached" if s.get("reached_target") else "did not reach"
+    return (f"Done: {cfg.algo.name} on the '{cfg.env.task}' task ({cfg.topology.name}) ran {s['updates']:,} updates "
+            f"({s['samples']:,} samples) in {s['wall_s']:.0f} s; mean reward of the last 10 updates "
+            f"{s['reward_mean']:.3f} ({reached} the target {s.get('target_reward')}). Run dir: {run_dir}.")

@@ -1,0 +1,135 @@
+"""Verifiable text tasks: synthetic digit tasks a tiny model learns from scratch, and prompt files.
+
+Digit tasks (`copy`, `reverse`, `add`) speak a character-level vocabulary (`DigitTokenizer`); a prompt is
+BOS + question + '=' and the answer is the text the policy should write before EOS, e.g.
+copy: "^3141=" → "3141", reverse: "^3141=" → "1413", add: "^0042+0815=" → "857".
+`PromptDataset` reads question/answer records (GSM8K-style) from local JSONL or Parquet.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+class DigitTokenizer:
+    """One token per character: PAD '_', BOS '^', EOS '$', digits, '+', '='.
+
+    Special tokens decode to their own character (unless skipped), so a decoded completion has one
+    character per generated token and position-wise rewards line up with positions the model wrote.
+    """
+
+    pad_id, bos_id, eos_id = 0, 1, 2
+    _chars = "_^$0123456789+="
+
+    def __init__(self):
+        self._ids = {char: i for i, char in enumerate(self._chars)}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._chars)
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        unknown = sorted(set(text) - set(self._chars))
+        if unknown:
+            raise ValueError(f"DigitTokenizer cannot encode {''.join(unknown)!r} (vocabulary: {self._chars!r})")
+        return [self.bos_id] * add_bos + [self._ids[char] for char in text]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        special = {self.pad_id, self.bos_id, self.eos_id}
+        return "".join(self._chars[int(i)] for i in ids if not (skip_special_tokens and int(i) in special))
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """prompt_ids[i] (token ids, unpadded) asks for answers[i] (reference text for the verifier)."""
+
+    prompt_ids: list[list[int]]
+    answers: list[str]
+
+
+def _copy(rng: np.random.Generator, num_digits: int) -> tuple[str, str]:
+    digits = "".join(map(str, rng.integers(0, 10, num_digits)))
+    return digits + "=", digits
+
+
+def _reverse(rng: np.random.Generator, num_digits: int) -> tuple[str, str]:
+    digits = "".join(map(str, rng.integers(0, 10, num_digits)))
+    return digits + "=", digits[::-1]
+
+
+def _add(rng: np.random.Generator, num_digits: int) -> tuple[str, str]:
+    # Operands are zero-padded so every prompt of a task has the same length.
+    a, b = (int(x) for x in rng.integers(0, 10 ** num_digits, 2))
+    return f"{a:0{num_digits}d}+{b:0{num_digits}d}=", str(a + b)
+
+
+DIGIT_TASKS: dict[str, Callable[[np.random.Generator, int], tuple[str, str]]] = {
+    "copy": _copy, "reverse": _reverse, "add": _add,
+}
+
+
+class DigitTask:
+    """A seeded stream of prompts for one digit task. `max_answer_len` bounds the answer (without EOS)."""
+
+    def __init__(self, name: str, num_digits: int = 4, seed: int = 0):
+        if name not in DIGIT_TASKS:
+            raise KeyError(f"unknown digit task {name!r}; known: {', '.join(DIGIT_TASKS)}")
+        self.name, self.num_digits = name, num_digits
+        self.tokenizer = DigitTokenizer()
+        self.max_answer_len = num_digits + 1 if name == "add" else num_digits
+        self._make = DIGIT_TASKS[name]
+        self._rng = np.random.default_rng(seed)
+
+    def sample(self, batch_size: int) -> PromptBatch:
+        pairs = [self._make(self._rng, self.num_digits) for _ in range(batch_size)]
+        return PromptBatch([self.tokenizer.encode(q) for q, _ in pairs], [a for _, a in pairs])
+
+
+class PromptDataset:
+    """Question/answer text records; `sample` draws a seeded batch and tokenizes the questions."""
+
+    def __init__(self, questions: Sequence[str], answers: Sequence[str], seed: int = 0):
+        if len(questions) != len(answers) or not questions:
+            raise ValueError(f"need as many answers as questions (>0), got {len(questions)} and {len(answers)}")
+        self.questions, self.answers = list(questions), list(answers)
+        self._rng = np.random.default_rng(seed)
+
+    @classmethod
+    def from_file(cls, path: str | Path, question_field: str = "question", answer_field: str = "answer",
+                  seed: int = 0) -> PromptDataset:
+        """Read a .jsonl/.json-lines or .parquet file whose records have the two fields (answers become str)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"prompt file not found: {path}")
+        records = _read_records(path)
+        for row, record in enumerate(records):
+            for field in (question_field, answer_field):
+                if field not in record:
+                    raise KeyError(f"{path}: record {row} has no field {field!r} (fields: {', '.join(record)})")
+        return cls([str(r[question_field]) for r in records], [str(r[answer_field]) for r in records], seed)
+
+    def __len__(self) -> int:
+        return len(self.questions)
+
+    def sample(self, batch_size: int, tokenizer) -> PromptBatch:
+        """`tokenizer.encode(text) -> list[int]` (an HF tokenizer or DigitTokenizer)."""
+        rows = self._rng.integers(0, len(self), batch_size)
+        return PromptBatch([list(tokenizer.encode(self.questions[i])) for i in rows],
+                           [self.answers[i] for i in rows])
+
+
+def _read_records(path: Path) -> list[dict]:
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from None
+        return pq.read_table(path).to_pylist()
+    if path.suffix in (".jsonl", ".json"):
+        with path.open() as lines:
+            return [json.loads(line) for line in lines if line.strip()]
+    raise ValueError(f"{path}: unsupported prompt file type {path.suffix!r} (use .jsonl or .parquet)")

@@ -1,0 +1,87 @@
+"""On-policy driver (GRPO): generate → score → update → sync, synchronously, each stage in its own role.
+Only object refs pass through here: the rollout goes engine → scorer and engine → learner, the weights
+learner → engine, straight through the object store."""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+import numpy as np
+import ray
+from omegaconf import DictConfig, OmegaConf
+
+from rlfarm.algos.grpo_trainer import GRPOConfig
+from rlfarm.roles.onpolicy import EngineRole, PolicyLearner, ScorerRole
+from rlfarm.run import Run
+from rlfarm.telemetry.live import LiveView
+from rlfarm.topology import PlacedTopology
+
+log = logging.getLogger("rlfarm")
+REWARD_WINDOW = 10  # summary reward_mean: mean over the last 10 updates
+
+
+def grpo_config(cfg: DictConfig) -> GRPOConfig:
+    """The frozen, derived settings of one GRPO run, from the composed Hydra config."""
+    algo = OmegaConf.to_container(cfg.algo, resolve=True)
+    fields = {k: v for k, v in algo.items() if k in GRPOConfig.__dataclass_fields__}
+    return GRPOConfig(**fields, task=cfg.env.task, num_digits=int(cfg.env.num_digits),
+                      model=OmegaConf.to_container(cfg.model.config, resolve=True),
+                      lora=OmegaConf.to_container(cfg.model.lora, resolve=True) if cfg.model.get("lora") else None,
+                      verifier=cfg.reward.verifier, seed=int(cfg.seed))
+
+
+class OnPolicyLoop:
+    def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology):
+        self.cfg, self.run = cfg, run
+        grpo = grpo_config(cfg)
+        plan = placed.plan
+        (learner,), (engine,), (scorer,) = plan.of("learner"), plan.of("engine")[:1], plan.of("labeler")[:1]
+        self.learner = ray.remote(PolicyLearner).options(**placed.options(learner)).remote(grpo, learner.threads)
+        self.engine = ray.remote(EngineRole).options(**placed.options(engine)).remote(grpo, engine.threads)
+        self.scorer = ray.remote(ScorerRole).options(**placed.options(scorer)).remote(grpo)
+        self.rewards: deque[float] = deque(maxlen=REWARD_WINDOW)
+        self.started = time.monotonic()
+        self.samples = 0
+
+    def train(self) -> dict:
+        self._sync()                                                  # engine starts from the learner's weights
+        self.started = time.monotonic()  # the clock counts training, not the roles' start-up (imports, model build)
+        total, target = int(self.cfg.algo.max_updates), self.cfg.algo.target_reward
+        row: dict = {}
+        with LiveView(f"rlfarm · grpo · {self.cfg.env.task} · {self.cfg.topology.name}", self.cfg.run.live,
+                      columns="onpolicy") as view:
+            for update in range(1, total + 1):
+                generated = self.engine.generate.remote()                 # 1. generate
+                rewards = self.scorer.score.remote(generated)             # 2. score (labeler)
+                metrics = self.learner.update.remote(generated, rewards)  # 3. advantages + update
+                self._sync()                                              # 4. sync weights to the engine
+                row = self._record(update, ray.get(metrics))
+                view.update(row)
+                if self._done(row, target):
+                    break
+        return {"updates": row["updates"], "reward_mean": row["reward_mean"], "samples": self.samples,
+                "wall_s": round(time.monotonic() - self.started, 2), "target_reward": target,
+                "reached_target": bool(target is not None and row["reward_mean"] >= target)}
+
+    def _sync(self) -> None:
+        box, version = ray.get(self.learner.publish.remote())
+        ray.get(self.engine.update_weights.remote(box, version))
+
+    def _record(self, update: int, metrics: dict) -> dict:
+        self.rewards.append(metrics["reward"])
+        self.samples += int(self.cfg.algo.prompts_per_step) * int(self.cfg.algo.group_size)
+        wall = time.monotonic() - self.started
+        row = {"updates": update, "samples": self.samples, "wall_s": round(wall, 3),
+               "reward_mean": float(np.mean(self.rewards)), "samples_per_s": self.samples / max(wall, 1e-9),
+               **metrics}
+        self.run.log(row)
+        return row
+
+    def _done(self, row: dict, target) -> bool:
+        over_time = self.cfg.run.max_wall_s and row["wall_s"] > self.cfg.run.max_wall_s
+        reached = target is not None and len(self.rewards) == REWARD_WINDOW and row["reward_mean"] >= target
+        return bool(over_time or reached)
+
+    def checkpoint(self, name: str = "final.pt") -> str:
+        return ray.get(self.learner.save.remote(str(self.run.checkpoint_dir / name)))

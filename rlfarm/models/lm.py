@@ -1,0 +1,104 @@
+"""Causal-LM policies: build a tiny one from a config dict or load one by path / hub id, optionally wrap
+it in LoRA, and score response tokens.
+
+`sequence_logprobs` is the one definition of "log-probability of a sampled token" shared by the learner
+and the built-in engine (`tempered_log_softmax`), so importance ratios between the
+policy that sampled and the policy being trained are exact, not approximately equal.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def build_causal_lm(config: Mapping[str, Any]) -> nn.Module:
+    """A randomly initialized causal LM from a config dict: {"model_type": "qwen2" | "llama" | ..., **fields}."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = dict(config)
+    if "model_type" not in fields:
+        raise KeyError("a model config needs a 'model_type' (e.g. qwen2, llama)")
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields))
+
+
+def load_causal_lm(name_or_path: str, dtype: str = "float32") -> nn.Module:
+    """A pretrained causal LM from a local directory or a hub id."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=getattr(torch, dtype))
+
+
+def add_lora(model: nn.Module, r: int = 8, alpha: int = 16,
+             target_modules: Iterable[str] = ("q_proj", "v_proj"), dropout: float = 0.0) -> nn.Module:
+    """Freeze `model` and add LoRA adapters (peft) on the named linear layers; only adapters train."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(target_modules), lora_dropout=dropout,
+                        task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def causal_lm(source: str | Mapping[str, Any], dtype: str = "float32",
+              lora: Mapping[str, Any] | None = None) -> nn.Module:
+    """The policy a config names: `source` is a config dict (built) or a path / hub id (loaded);
+    `lora` = {r, alpha, target_modules[, dropout]} adds adapters."""
+    model = (build_causal_lm(source) if isinstance(source, Mapping) else load_causal_lm(source, dtype))
+    model = model.to(getattr(torch, dtype))
+    return add_lora(model, **lora) if lora else model
+
+
+def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a learner publishes to engines: the trainable ones (LoRA adapters only, under LoRA).
+
+    Names are the model's own parameter names, so an engine holding the same architecture (LoRA-wrapped
+    the same way) loads them with `load_state_dict(..., strict=False)`.
+    """
+    return {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding: the first real token of each row is position 0. [B, L] → [B, L]."""
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def cache_kwarg(model: nn.Module) -> str:
+    """Name of the KV-cache argument of the model's forward: transformers 5.2x renamed
+    `past_key_values` to `cache` (the old name warns, and goes in 5.40)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def tempered_log_softmax(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / temperature) in float32: the sampling distribution. [..., V] → [..., V]."""
+    return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / temperature)[token]. logits [..., V], tokens [...] → [...] float32."""
+    return tempered_log_softmax(logits, temperature).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def response_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    response_start: int) -> torch.Tensor:
+    """The logits that predicted each response token.
+
+    input_ids, attention_mask: [B, L] = left-padded prompts [B, P] followed by responses [B, T],
+    with response_start = P. Token t of the response is predicted by the logits at position P + t − 1.
+    Returns [B, T, V]; rows where the mask is 0 are meaningless (mask them out).
+    """
+    response_len = input_ids.shape[1] - response_start
+    return model(input_ids=input_ids, attention_mask=attention_mask,
+                 position_ids=position_ids_from_mask(attention_mask), use_cache=False,
+                 logits_to_keep=response_len + 1).logits[:, :-1]
+
+
+def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      response_start: int, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probabilities [B, T] (float32) of the response tokens under `model` sampling at `temperature`.
+    Inputs as `response_logits`."""
+    logits = response_logits(model, input_ids, attention_mask, response_start)
+    return token_logprobs(logits, input_ids[:, response_start:], temperature)

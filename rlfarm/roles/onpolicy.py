@@ -1,0 +1,94 @@
+"""On-policy roles for LLM policies: an Engine role generates, a Scorer (the labeler of this family) turns
+completions into rewards, and a PolicyLearner updates and publishes weights. Each wraps the pure stages of
+`rlfarm.algos.grpo_trainer`, so the single-process reference trainer and the Ray loop run the same code."""
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import numpy as np
+import ray
+import torch
+
+from rlfarm.algos.grpo_trainer import GRPOConfig, group_advantages, rollout_metrics, score_rollout, update_policy
+from rlfarm.engines.base import Rollout
+from rlfarm.engines.hf import HFEngine
+from rlfarm.envs.text_tasks import DigitTask
+from rlfarm.models.lm import causal_lm, trainable_state_dict
+from rlfarm.rewards.verifiers import get_verifier
+from rlfarm.roles.common import assigned_device, limit_threads
+
+
+def _policy(cfg: GRPOConfig, vocab_size: int) -> torch.nn.Module:
+    torch.manual_seed(cfg.seed)
+    return causal_lm({**cfg.model, "vocab_size": vocab_size}, lora=cfg.lora)
+
+
+class EngineRole:
+    """Holds the prompt stream and an engine; `generate` returns (rollout, answers) for one round."""
+
+    def __init__(self, cfg: GRPOConfig, threads: int = 1):
+        limit_threads(threads)
+        self.cfg = cfg
+        self.task = DigitTask(cfg.task, cfg.num_digits, seed=cfg.seed)
+        device = assigned_device()
+        self.engine = HFEngine(_policy(cfg, self.task.tokenizer.vocab_size), pad_id=self.task.tokenizer.pad_id,
+                               device=device, seed=cfg.seed)
+        self.max_new_tokens = cfg.max_new_tokens or self.task.max_answer_len + 1
+
+    def generate(self) -> tuple[Rollout, list[str]]:
+        prompts = self.task.sample(self.cfg.prompts_per_step)
+        rollout = self.engine.generate(prompts.prompt_ids, self.cfg.group_size, self.max_new_tokens,
+                                       self.cfg.temperature, self.cfg.top_p, eos_id=self.task.tokenizer.eos_id)
+        return rollout, prompts.answers
+
+    def update_weights(self, box: list, version: int) -> int:
+        """`box` = [ref] so Ray hands over the ref, and the weights are fetched here, once."""
+        self.engine.update_weights(ray.get(box[0]), version)
+        return version
+
+
+class ScorerRole:
+    """The labeler of the on-policy family: a rule verifier over decoded completions."""
+
+    def __init__(self, cfg: GRPOConfig):
+        self.tokenizer = DigitTask(cfg.task, cfg.num_digits).tokenizer
+        self.verifier = get_verifier(cfg.verifier)
+
+    def score(self, generated: tuple[Rollout, list[str]]) -> np.ndarray:
+        rollout, answers = generated
+        return score_rollout(rollout, answers, self.tokenizer, self.verifier, self.tokenizer.eos_id)
+
+
+class PolicyLearner:
+    """GRPO update on a rollout and its rewards; publishes the trainable weights (adapters only under LoRA)."""
+
+    def __init__(self, cfg: GRPOConfig, threads: int = 1):
+        limit_threads(threads)
+        self.cfg = replace(cfg, device=assigned_device())
+        vocab = DigitTask(cfg.task, cfg.num_digits).tokenizer.vocab_size
+        self.model = _policy(cfg, vocab).to(self.cfg.device).eval()
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr,
+                                           weight_decay=0.0)
+        self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if cfg.kl_coef else None
+        self.version = 0
+
+    def publish(self) -> tuple[list, int]:
+        self.version += 1
+        return [ray.put({k: v.cpu() for k, v in trainable_state_dict(self.model).items()})], self.version
+
+    def update(self, generated: tuple[Rollout, list[str]], rewards: np.ndarray) -> dict:
+        rollout, _ = generated
+        rewards = np.array(rewards)  # the object store hands out read-only arrays
+        advantages, keep = group_advantages(rewards, self.cfg.group_size, self.cfg.norm_std, self.cfg.filter_groups)
+        metrics = rollout_metrics(rollout, rewards, keep) | {"staleness": self.version - rollout.weight_version}
+        if keep.any():
+            kept_rows = keep.repeat_interleave(self.cfg.group_size)
+            metrics |= update_policy(self.model, self.optimizer, rollout.select_groups(keep), advantages[kept_rows],
+                                     self.cfg, self.ref_model)
+        return metrics
+
+    def save(self, path: str) -> str:
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "version": self.version}, path)
+        return path
