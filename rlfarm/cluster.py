@@ -15,6 +15,16 @@ from rlfarm.topology import Plan, check_cluster, local_resources
 WORKER_ENV = {"MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl", "RAY_DEDUP_LOGS": "1"}
 
 
+def _loopback_only(ray) -> None:
+    """A private local cluster must not be reachable from the network. Ray 2.60 replaces
+    _node_ip_address=127.0.0.1 by the machine's address and binds GCS/raylet/workers on all interfaces unless
+    it runs in its single-machine mode (the one it uses on macOS/Windows); that mode binds loopback only
+    (checked in tests/test_security.py by listing the listening sockets)."""
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 @contextmanager
 def ray_session(ray_cfg: DictConfig, plan: Plan):
     import ray
@@ -33,6 +43,7 @@ def ray_session(ray_cfg: DictConfig, plan: Plan):
     else:
         available = local_resources(ray_cfg.num_cpus, ray_cfg.num_gpus)
         check_cluster(plan, available)  # before paying Ray's start-up
+        _loopback_only(ray)
         ray.init(num_cpus=int(available["CPU"]) if float(available["CPU"]).is_integer() else available["CPU"],
                  num_gpus=int(available["GPU"]), include_dashboard=bool(ray_cfg.dashboard),
                  _node_ip_address="127.0.0.1", logging_level=logging.WARNING, log_to_driver=True,

@@ -6,8 +6,13 @@ a bad value fails fast; `validate` checks values that Hydra cannot type-check.
 """
 from __future__ import annotations
 
+import ast
 import difflib
+import functools
+import os
 import re
+import sys
+import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -77,8 +82,24 @@ def _explain(error: Exception) -> ConfigError:
         key = not_in_struct.group(1)
         return ConfigError(f"unknown config key '{key}'",
                            f"check the spelling (rlfarm train --cfg job lists every key), or add a new key with +{key}=...")
-    if "mismatched input" in text or "no viable alternative" in text or "extraneous input" in text:
-        return ConfigError(f"cannot parse override: {text.splitlines()[0]}", "write overrides as key=value, e.g. algo.lr=3e-4")
+    chosen = (re.search(r"Multiple values for ([\w/.]+)\.", text)
+              or re.search(r"([\w/.]+) appears more than once in the final defaults list", text))
+    if chosen:
+        group = chosen.group(1)
+        return ConfigError(f"'+{group}=' picks a second {group}, but the config already picks one",
+                           f"drop the '+': {group}=<option>")
+    exists = re.search(r"An item is already at '([^']+)'", text)
+    if exists:
+        key = exists.group(1)
+        return ConfigError(f"'+{key}' adds a key, but {key} already exists", f"drop the '+': {key}=<value>")
+    override = getattr(error, "override", None)  # hydra.errors.OverrideParseException names the bad override
+    parse_errors = ("mismatched input", "no viable alternative", "extraneous input")
+    if override is not None or any(m in text for m in parse_errors):
+        what = f" '{override}'" if override else ""
+        reason = text.splitlines()[0].replace("LexerNoViableAltException: ", "bad character in ")
+        reason = "no '=' in it" if "missing EQUAL" in text else reason
+        return ConfigError(f"cannot parse override{what}: {reason}",
+                           "write key=value, e.g. algo.lr=3e-4 (quote lists: 'model.actor.hidden=[64,64]')")
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     return ConfigError(f"invalid configuration: {first}", "check the override against `rlfarm train --cfg job`")
 
@@ -102,6 +123,9 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"{missing[0]} is required but not set", f"pass {missing[0]}=<value> on the command line")
     _positive(cfg, "total_env_steps", int)
     _positive(cfg, "seed", int, allow_zero=True)
+    _check_run_and_ray(cfg)
+    check_targets(cfg)
+    check_local_paths(cfg)
     if cfg.algo.family == "offpolicy":
         for key in ("algo.batch_size", "algo.buffer_size", "algo.chunk_steps", "algo.credits", "algo.publish_every"):
             _positive(cfg, key, int)
@@ -123,3 +147,183 @@ def check_env_id(env_id: str) -> None:
     hint = f"did you mean {' or '.join(close)}? " if close else ""
     raise ConfigError(f"unknown env id '{env_id}'",
                       f"{hint}use env=pendulum|halfcheetah or env.id=<a registered gymnasium id>")
+
+
+def _optional_positive(cfg: DictConfig, key: str, kind=float, allow_zero: bool = False) -> None:
+    if OmegaConf.select(cfg, key, default=None) is not None:
+        _positive(cfg, key, kind, allow_zero)
+
+
+def _choice(cfg: DictConfig, key: str, allowed: tuple) -> None:
+    value = OmegaConf.select(cfg, key, default=None)
+    if not any(value is a if isinstance(a, bool) else value == a for a in allowed):
+        shown = "|".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
+        raise ConfigError(f"{key} must be one of {shown}, got {value!r}", f"set {key}={shown}")
+
+
+def _check_run_and_ray(cfg: DictConfig) -> None:
+    """Keys that otherwise fail deep inside a run (or are silently ignored) after minutes of work."""
+    if OmegaConf.select(cfg, "run", default=None) is not None:
+        _choice(cfg, "run.live", ("auto", True, False))
+        _choice(cfg, "run.checkpoint", (True, False))
+        _positive(cfg, "run.metrics_interval_s")
+        _optional_positive(cfg, "run.max_wall_s")
+    if OmegaConf.select(cfg, "ray", default=None) is not None:
+        _choice(cfg, "ray.dashboard", (True, False))
+        _optional_positive(cfg, "ray.num_cpus")
+        _optional_positive(cfg, "ray.num_gpus", int, allow_zero=True)
+        _positive(cfg, "ray.ready_timeout_s")
+
+
+# ---- _target_ nodes: checked without importing them (importing rlfarm.rewards alone pulls torch: seconds)
+
+
+def check_targets(cfg: DictConfig) -> None:
+    """Every `_target_` in the config must name something importable; a typo fails here, not in a Ray actor."""
+    for path, target in _targets(OmegaConf.to_container(cfg, resolve=False), ""):
+        if not isinstance(target, str) or "${" in target:
+            continue
+        problem = locate_problem(target)
+        if problem:
+            group = path.split(".")[0] if path else ""
+            pick = (f" or pick {group}={'|'.join(group_options(group))}"
+                    if path == group and (CONF_DIR / group).is_dir() else "")
+            raise ConfigError(f"{path + '.' if path else ''}_target_='{target}' {problem}",
+                              f"set {path + '.' if path else ''}_target_=<module.Class>{pick}")
+
+
+def _targets(node, path: str):
+    if isinstance(node, dict):
+        if "_target_" in node:
+            yield path, node["_target_"]
+        for key, value in node.items():
+            yield from _targets(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _targets(value, f"{path}[{i}]")
+
+
+@functools.lru_cache(maxsize=None)
+def locate_problem(target: str) -> str | None:
+    """Why `target` (a dotted module.attr path) cannot be located, or None when it can (or cannot be told
+    without importing it). Mirrors hydra.utils' _locate: the longest importable module prefix, then attributes.
+    Modules are found, not run: their source is parsed for top-level names."""
+    import importlib.util
+    from importlib.machinery import PathFinder
+
+    parts = target.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return "is not a dotted Python path like package.module.Class"
+    spec, depth = None, 0
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        module = sys.modules.get(name)
+        if module is not None:
+            found = getattr(module, "__spec__", None)
+        elif spec is None:
+            try:
+                found = importlib.util.find_spec(name)  # a top-level name: finding it runs nothing
+            except (ImportError, ValueError):
+                found = None
+        elif spec.submodule_search_locations:
+            found = PathFinder.find_spec(name, list(spec.submodule_search_locations))
+        else:
+            found = None
+        if found is None:
+            if spec is None:
+                return f"cannot be imported: no module named '{name}'"
+            depth -= 1
+            break
+        spec = found
+    module_name = ".".join(parts[:depth])
+    if depth == len(parts):
+        return None
+    attr = parts[depth]
+    module = sys.modules.get(module_name)
+    if module is not None:
+        names = set(dir(module))
+    else:
+        names = _top_level_names(spec.origin)
+        if names is None:
+            return None  # compiled module, star import or module __getattr__: only importing would tell
+    if attr in names:
+        return None
+    close = difflib.get_close_matches(attr, sorted(n for n in names if not n.startswith("_")), n=1)
+    hint = f" (did you mean {module_name}.{close[0]}?)" if close else ""
+    return f"cannot be imported: module '{module_name}' has no '{attr}'{hint}"
+
+
+@functools.lru_cache(maxsize=None)
+def _top_level_names(origin: str | None) -> frozenset[str] | None:
+    if not origin or not origin.endswith(".py"):
+        return None
+    try:
+        source = Path(origin).read_text(encoding="utf-8")
+        tree = ast.parse(source, filename=origin)
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    if "globals()" in source:  # names made at import time: only importing would tell
+        return None
+    names: set[str] = set()
+    pending = list(tree.body)
+    while pending:
+        stmt = pending.pop()
+        if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if stmt.name == "__getattr__":
+                return None
+            names.add(stmt.name)
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            for alias in stmt.names:
+                if alias.name == "*":
+                    return None
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(stmt, (ast.If, ast.Try, ast.With)):  # conditional definitions count
+            pending += [*stmt.body, *getattr(stmt, "orelse", []), *getattr(stmt, "finalbody", []),
+                        *(s for h in getattr(stmt, "handlers", []) for s in h.body)]
+    return None if "__getattr__" in names else frozenset(names)  # e.g. lazy_loader.attach(...)
+
+
+# ---- paths the user names: checked here rather than where a labeler or Hydra first opens them
+
+
+def _looks_local(value: str) -> bool:
+    return os.path.isabs(value) or value.startswith((".", "~"))
+
+
+def check_local_paths(cfg: DictConfig) -> None:
+    """A reward model given as a local path must exist: the labeler would only find out after Ray started."""
+    model = OmegaConf.select(cfg, "reward.model", default=None)
+    if isinstance(model, str) and _looks_local(model) and not os.path.exists(os.path.expanduser(model)):
+        raise ConfigError(f"reward.model: no such file or folder '{model}'",
+                          "set reward.model=<an existing local folder (save_pretrained)> or a hub id like org/name")
+    checkpoint = OmegaConf.select(cfg, "reward.checkpoint", default=None)
+    if isinstance(checkpoint, str) and not os.path.isfile(os.path.expanduser(checkpoint)):
+        raise ConfigError(f"reward.checkpoint: no such file '{checkpoint}'",
+                          "set reward.checkpoint=<an existing file> or reward.checkpoint=null")
+
+
+def check_output_dir(key: str, value: str) -> None:
+    """Fail before Hydra does (with a traceback) when the run directory `value` cannot be created.
+
+    Only the part before the first ${...} is checked; a probe folder is made and removed again, because
+    permission bits say nothing for root and nothing about /proc or read-only mounts."""
+    static = value.split("${", 1)[0]
+    if not static.strip():
+        return
+    target = Path(os.path.expanduser(static))
+    if "${" in value and not static.endswith("/"):
+        target = target.parent  # "runs/x_${now:...}": "x_" is only the start of a name
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"cannot create {key}={value}: '{existing}' is a file, not a folder",
+                          f"set {key}=<a path in a writable folder>")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rlfarm-write-check-", dir=existing))
+    except OSError as error:
+        raise ConfigError(f"cannot create {key}={value}: '{existing}' is not writable ({error.strerror})",
+                          f"set {key}=<a path in a writable folder>") from None

@@ -16,3 +16,11 @@ class ConfigError(RlfarmError):
 
 class TopologyError(RlfarmError):
     pass
+
+
+class Preempted(Exception):
+    """SIGTERM arrived (Slurm preemption or time limit): a checkpoint was written; resume with resume=auto."""
+
+    def __init__(self, checkpoint: str):
+        super().__init__(f"preempted: checkpoint {checkpoint} written; rerun with resume=auto to continue")
+        self.checkpoint = checkpoint

@@ -86,6 +86,9 @@ def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
             raise TopologyError(f"unknown role '{role}' in topology '{name}'", f"roles are {', '.join(ROLE_NAMES)}")
         if role not in FAMILY_ROLES[family]:
             continue
+        if not isinstance(spec.get("count", 1), (int, float)) or spec.get("count", 1) < 1:
+            raise TopologyError(f"topology.roles.{role}.count must be at least 1, got {spec.get('count')!r}",
+                                f"set topology.roles.{role}.count=1 or more")
         count = _role_field(role, spec, "count", 1, float)
         if count != int(count) or (role == "learner" and count != 1):
             raise TopologyError(f"topology.roles.{role}.count must be a whole number{' equal to 1' if role == 'learner' else ''}, got {count:g}",

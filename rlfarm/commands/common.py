@@ -1,9 +1,9 @@
 """Shared steps of the commands: compose-and-validate before Hydra starts a run."""
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from rlfarm.config import compose, sweep_variants, validate
+from rlfarm.config import CONF_DIR, check_output_dir, compose, sweep_variants, validate
 from rlfarm.topology import check_cluster, local_resources, plan_topology
 
 MULTIRUN_FLAGS = {"-m", "--multirun"}
@@ -23,7 +23,22 @@ def compose_checked(config_name: str, args: list[str]) -> DictConfig:
     for variant in variants:
         cfg = compose(config_name, variant)
         validate(cfg)
+    check_output_dir(*output_dir(config_name, args, multirun))
     return compose(config_name, variants[0]) if len(variants) > 1 else cfg
+
+
+def output_dir(config_name: str, args: list[str], multirun: bool) -> tuple[str, str]:
+    """(key, unresolved value) of the directory Hydra will create: the last hydra.run.dir= (hydra.sweep.dir=
+    for -m) override, else the config file's own. Hydra would fail on an unwritable one with a traceback."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    given = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith(f"{key}=")]
+    if given:
+        value = given[-1]
+        return key, value[1:-1] if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"" else value
+    raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{config_name}.yaml"), resolve=False)
+    for part in key.split("."):  # the unresolved string: ${now:...} and ${algo.name} resolve only inside Hydra
+        raw = raw.get(part) if isinstance(raw, dict) else None
+    return key, str(raw or "")
 
 
 def launches_elsewhere(args: list[str]) -> bool:

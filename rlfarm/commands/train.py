@@ -13,8 +13,7 @@ from rlfarm.cli import fail
 from rlfarm.cluster import ray_session
 from rlfarm.commands.common import check_local_cluster, compose_checked
 from rlfarm.config import validate
-from rlfarm.errors import ConfigError, RlfarmError
-from rlfarm.loops.offpolicy import Preempted
+from rlfarm.errors import ConfigError, Preempted, RlfarmError
 from rlfarm.run import Run, discard_run_dir, is_run_dir, newest_checkpoint
 from rlfarm.telemetry.summary import onpolicy_paragraph, summary_paragraph
 from rlfarm.topology import PlacedTopology, plan_topology
@@ -64,7 +63,10 @@ def resolve_resume(cfg: DictConfig, run_dir: str) -> tuple[DictConfig, str | Non
 
 def task(cfg: DictConfig) -> dict:
     run_dir = HydraConfig.get().runtime.output_dir
-    if cfg.resume is not None and (Path(run_dir) / "summary.json").exists():
+    if (Path(run_dir) / "summary.json").exists():
+        if cfg.resume is None:  # never overwrite a finished run
+            fail(ConfigError(f"{run_dir} already holds a finished run (summary.json)",
+                             "pick another hydra.run.dir, or resume=auto to accept it as done"))
         log.info("%s already holds a finished run (summary.json); nothing to resume", run_dir)
         return json.loads((Path(run_dir) / "summary.json").read_text())
     try:

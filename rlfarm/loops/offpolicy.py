@@ -10,6 +10,7 @@ import numpy as np
 import ray
 from omegaconf import DictConfig
 
+from rlfarm.errors import Preempted
 from rlfarm.loops.roles import OffPolicyRoles, start_offpolicy_roles
 from rlfarm.run import Run
 from rlfarm.telemetry.live import LiveView
@@ -28,12 +29,6 @@ class RoleFailed(RuntimeError):
     pass
 
 
-class Preempted(Exception):
-    """SIGTERM arrived (Slurm preemption or time limit): a checkpoint was written; resume with resume=auto."""
-
-    def __init__(self, checkpoint: str):
-        super().__init__(f"preempted: checkpoint {checkpoint} written; rerun with resume=auto to continue")
-        self.checkpoint = checkpoint
 
 
 class OffPolicyLoop:
