@@ -1,24 +1,10 @@
 """`rlfarm eval` as a user runs it: a subprocess over a real (tiny) trained run; read what it wrote."""
 import json
-import os
-import subprocess
-import sys
 
 import imageio.v2 as imageio
 import pytest
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-
-
-def rlfarm(*args, cwd=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "rlfarm.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=ENV)
-
-
-def one_line_error(out) -> str:
-    lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
-    assert out.returncode == 2 and len(lines) == 1, (out.returncode, out.stderr[-2000:])
-    return lines[0]
+from helpers import one_line_error, rlfarm
 
 
 def returns_of(run_dir):

@@ -1,25 +1,11 @@
 """`rlfarm report` as a user runs it, over a real (tiny) trained 2-seed sweep; open the figures it wrote."""
-import os
-import subprocess
-import sys
 
 import pytest
 from PIL import Image
 
 from rlfarm.telemetry.plots import PANEL_INCHES
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-
-
-def rlfarm(*args, cwd=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "rlfarm.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=ENV)
-
-
-def one_line_error(out) -> str:
-    lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
-    assert out.returncode == 2 and len(lines) == 1, (out.returncode, out.stderr[-2000:])
-    return lines[0]
+from helpers import one_line_error, rlfarm
 
 
 def expected_size(ncols, nrows, dpi=100):
