@@ -11,6 +11,7 @@ import sys
 
 from rich.console import Console
 
+import rlfarm.resolvers  # noqa: F401 - registers the rlfarm.* OmegaConf resolvers the Slurm launcher config uses
 from rlfarm.errors import RlfarmError
 
 # command → (module with `task(cfg)`, config name, one-line description)

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 from omegaconf import DictConfig
 
+from rlfarm.errors import ConfigError
 from rlfarm.topology import Plan, check_cluster, local_resources
 
 # Set before Ray starts so that every worker inherits them: headless MuJoCo rendering, quiet Ray.
@@ -43,6 +44,12 @@ def ray_session(ray_cfg: DictConfig, plan: Plan):
     else:
         available = local_resources(ray_cfg.num_cpus, ray_cfg.num_gpus)
         check_cluster(plan, available)  # before paying Ray's start-up
+        if ray_cfg.dashboard:
+            from ray._private.utils import get_dashboard_dependency_error
+
+            if get_dashboard_dependency_error():
+                raise ConfigError("ray.dashboard=true needs Ray's dashboard packages",
+                                  "pip install 'ray[default]', or leave ray.dashboard=false")
         _loopback_only(ray)
         ray.init(num_cpus=int(available["CPU"]) if float(available["CPU"]).is_integer() else available["CPU"],
                  num_gpus=int(available["GPU"]), include_dashboard=bool(ray_cfg.dashboard),

@@ -50,6 +50,7 @@ class Run:
     def finish(self, summary: dict) -> None:
         self.metrics.close()
         write_json_atomic(self.dir / "summary.json", summary)
+        (self.dir / "status.json").unlink(missing_ok=True)  # a resumed run is no longer "preempted"
 
     def fail(self, error: str, status: str = "failed", **details) -> None:
         self.metrics.close()

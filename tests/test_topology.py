@@ -38,7 +38,7 @@ def test_cluster_too_small_is_one_line():
 @pytest.mark.parametrize("change, message", [
     (lambda t: t["roles"]["labeler"].update(count=7), "ask for 3.5 GPUs but the pool has 3"),
     (lambda t: t["roles"]["labeler"].update(pool="nope"), "names pool 'nope'"),
-    (lambda t: t["roles"]["env_runner"].update(count=-1), "must be >= 0"),
+    (lambda t: t["roles"]["env_runner"].update(count=-1), "must be at least 1"),
     (lambda t: t["roles"]["env_runner"].update(gpus=0.5), "has no pool"),
     (lambda t: t["roles"]["learner"].update(count=2), "equal to 1"),
     (lambda t: t["pools"]["reward"].update(gpus=1.5), "whole number"),
