@@ -20,11 +20,11 @@ def compose_checked(config_name: str, args: list[str]) -> DictConfig:
     # hydra/* overrides only shape the launch, not the job's config: leave them to Hydra itself.
     overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
     variants = sweep_variants(overrides) if multirun else [overrides]
-    for variant in variants:
-        cfg = compose(config_name, variant)
+    configs = [compose(config_name, variant) for variant in variants]
+    for cfg in configs:
         validate(cfg)
     check_output_dir(*output_dir(config_name, args, multirun))
-    return compose(config_name, variants[0]) if len(variants) > 1 else cfg
+    return configs[0]  # the first sweep point (or the only config): composed once, not again
 
 
 def output_dir(config_name: str, args: list[str], multirun: bool) -> tuple[str, str]:
