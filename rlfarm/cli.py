@@ -20,6 +20,7 @@ COMMANDS = {
     "plan": ("rlfarm.commands.plan", "train", "show where each role goes: rlfarm plan topology=split_1_3"),
     "eval": ("rlfarm.commands.eval", "eval", "play a trained policy, write returns and videos: rlfarm eval run_dir=<run>"),
     "report": ("rlfarm.commands.report", "report", "plot a run or a sweep: rlfarm report path=<run or multirun dir>"),
+    "bench": ("rlfarm.commands.bench", "bench", "measure a stage next to its baseline: rlfarm bench learner|labeler|engine|sync|pipeline"),
 }
 HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--shell-completion", "-sc"}
 
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     module = importlib.import_module(module_name)
     if hasattr(module, "redirect_resume"):
         rest = module.redirect_resume(rest)
+    if hasattr(module, "rewrite_args"):  # e.g. `rlfarm bench learner` → bench=learner
+        rest = module.rewrite_args(rest)
     if not HYDRA_INFO_FLAGS & set(rest):
         try:
             module.preflight(config_name, rest)
