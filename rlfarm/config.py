@@ -136,6 +136,45 @@ def validate(cfg: DictConfig) -> None:
         _positive(cfg, "labeler.bus_timeout_s", allow_zero=True)
         _positive(cfg, "env.num_envs", int)
         check_env_id(str(cfg.env.id))
+    if cfg.algo.family == "onpolicy_env":
+        check_ppo(cfg)
+
+
+ENV_REWARD = "rlfarm.rewards.env.EnvReward"
+
+
+def check_ppo(cfg: DictConfig) -> None:
+    """PPO on gymnasium envs: its own keys, the env, and the two choices it cannot take from another family."""
+    for key in ("algo.rollout_steps", "algo.epochs", "algo.minibatches", "env.num_envs"):
+        _positive(cfg, key, int)
+    for key in ("algo.lr", "algo.clip_eps", "algo.max_grad_norm"):
+        _positive(cfg, key)
+    for key in ("algo.vf_coef", "algo.ent_coef"):
+        _positive(cfg, key, allow_zero=True)
+    for key in ("algo.value_clip_eps", "algo.target_kl"):
+        _optional_positive(cfg, key)
+    for key in ("algo.gamma", "algo.gae_lambda"):
+        _positive(cfg, key, allow_zero=True)
+        if OmegaConf.select(cfg, key) > 1:
+            raise ConfigError(f"{key} must be in [0, 1], got {OmegaConf.select(cfg, key)}", f"set {key} to e.g. 0.99")
+    _choice(cfg, "algo.anneal_lr", (True, False))
+    _choice(cfg, "algo.norm_adv", (True, False))
+    target = OmegaConf.select(cfg, "algo.target_return", default=None)
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
+        raise ConfigError(f"algo.target_return must be a number or null, got {target!r}", "e.g. algo.target_return=400")
+    batch = int(cfg.algo.rollout_steps) * int(cfg.env.num_envs)
+    if int(cfg.algo.minibatches) > batch:
+        raise ConfigError(f"algo.minibatches={cfg.algo.minibatches} is more than the {batch} transitions a runner "
+                          f"collects per cycle (algo.rollout_steps × env.num_envs)", f"set algo.minibatches <= {batch}")
+    reward = OmegaConf.select(cfg, "reward._target_", default=None)
+    if reward != ENV_REWARD:
+        raise ConfigError(f"algo={cfg.algo.name} learns from the env's own reward, not "
+                          f"{reward or 'a text verifier'}", "use reward=env (or pick algo=sac for a reward model)")
+    if OmegaConf.select(cfg, "model.actor._target_", default=None) is None or "critic" in cfg.model:
+        raise ConfigError(f"algo={cfg.algo.name} needs one actor-critic network in model.actor, "
+                          f"not {'a language model' if 'actor' not in cfg.model else 'an actor with separate critics'}",
+                          "use model=actor_critic")
+    check_env_id(str(cfg.env.id))
 
 
 def check_env_id(env_id: str) -> None:
@@ -168,6 +207,8 @@ def _check_run_and_ray(cfg: DictConfig) -> None:
         _choice(cfg, "run.checkpoint", (True, False))
         _positive(cfg, "run.metrics_interval_s")
         _optional_positive(cfg, "run.max_wall_s")
+        _optional_positive(cfg, "run.max_restarts", int, allow_zero=True)
+        _optional_positive(cfg, "run.restart_timeout_s")
     if OmegaConf.select(cfg, "ray", default=None) is not None:
         _choice(cfg, "ray.dashboard", (True, False))
         _optional_positive(cfg, "ray.num_cpus")

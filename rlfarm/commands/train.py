@@ -15,7 +15,7 @@ from rlfarm.commands.common import check_local_cluster, compose_checked
 from rlfarm.config import validate
 from rlfarm.errors import ConfigError, Preempted, RlfarmError
 from rlfarm.run import Run, discard_run_dir, is_run_dir, newest_checkpoint
-from rlfarm.telemetry.summary import onpolicy_paragraph, summary_paragraph
+from rlfarm.telemetry.summary import onpolicy_paragraph, ppo_paragraph, summary_paragraph
 from rlfarm.topology import PlacedTopology, plan_topology
 
 log = logging.getLogger("rlfarm")
@@ -53,6 +53,8 @@ def resolve_resume(cfg: DictConfig, run_dir: str) -> tuple[DictConfig, str | Non
         raise ConfigError(f"resume={cfg.resume}: the run directory has no checkpoint", "start a new run instead")
     saved = OmegaConf.load(Path(run_dir) / "config.yaml")
     saved.resume = cfg.resume
+    # run.* keys added since the run was saved take today's defaults (saved values still win).
+    saved.run = OmegaConf.merge(cfg.run, saved.get("run", {}))
     # Keys given on this command line that only bound or place the run win over the saved ones.
     for override in HydraConfig.get().overrides.task:
         key = override.split("=", 1)[0].lstrip("+~")
@@ -81,7 +83,7 @@ def task(cfg: DictConfig) -> dict:
     try:
         with ray_session(cfg.ray, plan):
             placed = PlacedTopology(plan, float(cfg.ray.ready_timeout_s))
-            run = Run(cfg, run_dir, step_key="env_steps" if cfg.algo.family == "offpolicy" else "updates")
+            run = Run(cfg, run_dir, step_key="updates" if cfg.algo.family == "onpolicy" else "env_steps")
             summary = train_family(cfg, run, placed, resume_from)
     except Preempted as preempted:
         run.fail(str(preempted), status="preempted", checkpoint=preempted.checkpoint)
@@ -99,8 +101,8 @@ def task(cfg: DictConfig) -> dict:
         else:
             run.fail(message)
         fail(message if isinstance(error, RlfarmError) else f"{type(error).__name__}: {message}")
-    log.info(summary_paragraph(cfg, summary, run_dir) if cfg.algo.family == "offpolicy"
-             else onpolicy_paragraph(cfg, summary, run_dir))
+    paragraph = {"offpolicy": summary_paragraph, "onpolicy_env": ppo_paragraph}.get(cfg.algo.family, onpolicy_paragraph)
+    log.info(paragraph(cfg, summary, run_dir))
     return summary
 
 
@@ -137,4 +139,14 @@ def train_family(cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from:
             summary["checkpoint"] = loop.checkpoint()
         run.finish(summary)
         return summary
-    raise RlfarmError(f"algo family '{cfg.algo.family}' has no training loop", "use algo=sac or algo=grpo")
+    if cfg.algo.family == "onpolicy_env":
+        from rlfarm.loops.ppo import PPOLoop
+
+        loop = PPOLoop(cfg, run, placed, resume_from)
+        signal.signal(signal.SIGTERM, lambda *_: loop.request_preemption())
+        summary = loop.train()
+        if cfg.run.checkpoint:
+            summary["checkpoint"] = loop.checkpoint()
+        run.finish(summary)
+        return summary
+    raise RlfarmError(f"algo family '{cfg.algo.family}' has no training loop", "use algo=sac, algo=ppo or algo=grpo")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import defaultdict, deque
 
 import numpy as np
 import ray
@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from rlfarm.errors import Preempted
 from rlfarm.loops.roles import OffPolicyRoles, start_offpolicy_roles
+from rlfarm.loops.supervision import Supervisor, Worker, WorkerLost, first_seq, incarnation_key
 from rlfarm.run import Run
 from rlfarm.telemetry.live import LiveView
 from rlfarm.topology import PlacedTopology
@@ -20,9 +21,6 @@ log = logging.getLogger("rlfarm")
 
 RETURN_WINDOW = 10  # episode_return_mean is over the last 10 finished episodes
 FLUSH_TIMEOUT_S = 120.0
-
-
-SEQS_PER_EPOCH = 10**9  # chunk seq numbers of the k-th (re)start begin at k·10⁹: ids never collide
 
 
 class RoleFailed(RuntimeError):
@@ -35,6 +33,9 @@ class OffPolicyLoop:
     def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None):
         self.cfg, self.run = cfg, run
         self.roles: OffPolicyRoles = start_offpolicy_roles(cfg, placed, str(run.dir / "quarantine"))
+        self.supervisor = Supervisor(self.roles.runners, self.roles.labelers, int(cfg.run.max_restarts),
+                                     run.dir / "roles.json")
+        self._steps_before_restart: dict[int, int] = defaultdict(int)
         self.returns: deque[float] = deque(maxlen=RETURN_WINDOW)
         self.episodes = 0
         self.epoch = 0
@@ -86,58 +87,114 @@ class OffPolicyLoop:
             log.info("checkpoint %s", path)
 
     def train(self) -> dict:
-        roles, total = self.roles, int(self.cfg.total_env_steps)
-        shares = np.array_split(np.arange(max(total - self.offset["env_steps"], 0)), len(roles.runners))
+        roles, total, sup = self.roles, int(self.cfg.total_env_steps), self.supervisor
+        self.shares = [len(s) for s in np.array_split(np.arange(max(total - self.offset["env_steps"], 0)), len(roles.runners))]
         learner_done = roles.learner.run.remote()
-        labelers_done = [l.run.remote() for l in roles.labelers]
-        runners_done = [r.run.remote(len(share), self.epoch * SEQS_PER_EPOCH) for r, share in zip(roles.runners, shares)]
+        for worker in sup.of("labeler"):
+            worker.done = worker.actor.run.remote()
+        for worker in sup.of("env_runner"):
+            worker.done = worker.actor.run.remote(self.shares[worker.index], first_seq(self.epoch, 0),
+                                                  incarnation_key(self.epoch, 0))
+        sup.poll(timeout_s=30)
+        sup.write_roles_file()
         with LiveView(f"rlfarm · {self.cfg.algo.name} · {self.cfg.env.id} · {self.cfg.topology.name}",
                       self.cfg.run.live) as view:
-            while not self._finished(runners_done, [learner_done, *labelers_done]):   # 1. act/label/learn
+            while not self._finished(learner_done):                                      # 1. act/label/learn
                 row = self._record()
                 view.update(row)
                 self._maybe_checkpoint(row["updates"])
                 if self._preempt:
                     raise Preempted(self.checkpoint("preempted.pt", with_buffer=True))
-            produced = sum(r["produced"] for r in ray.get(runners_done))
-            self._flush(produced, [learner_done, *labelers_done])                        # 2. label + store the tail
+            self._flush(learner_done)                                                     # 2. label + store the tail
             ray.get([l.stop.remote() for l in roles.labelers] + [roles.learner.stop.remote()])
-            self._wait(learner_done, labelers_done)                                       # 3. owed updates
+            self._wait(learner_done)                                                      # 3. owed updates
             row = self._record()
             view.update(row)
         return self._summary(row)                                                          # 4. summary
 
     # -- stages -------------------------------------------------------------------------------------
-    def _finished(self, runners_done: list, watched: list) -> bool:
-        ready, _ = ray.wait(runners_done, num_returns=len(runners_done), timeout=self.cfg.run.metrics_interval_s)
-        self._raise_if_failed(watched + ready)
+    def _finished(self, learner_done) -> bool:
+        runners = self.supervisor.of("env_runner")
+        ray.wait([w.done for w in runners], num_returns=len(runners), timeout=self.cfg.run.metrics_interval_s)
+        self._watch(learner_done)
         budget = self.cfg.run.max_wall_s
         if budget and time.monotonic() - self.started > budget and not self._out_of_time:
             # Time budget spent: runners stop after their current chunk; the tail is still labeled and stored.
             log.info("run.max_wall_s=%s reached: stopping the env runners", budget)
             self._out_of_time = True
             ray.get([r.stop.remote() for r in self.roles.runners])
-        return len(ready) == len(runners_done)
+        ready, _ = ray.wait([w.done for w in runners], num_returns=len(runners), timeout=0)
+        return len(ready) == len(runners)
 
-    def _flush(self, produced: int, watched: list) -> None:
-        deadline = time.monotonic() + FLUSH_TIMEOUT_S
-        while _accounted(ray.get(self.roles.learner.stats.remote())) < produced:
-            if time.monotonic() > deadline:
-                raise RoleFailed(f"labeled chunks did not all reach the learner within {FLUSH_TIMEOUT_S:g} s")
-            self._raise_if_failed(watched)
-            time.sleep(0.05)
-
-    def _wait(self, learner_done, labelers_done) -> None:
-        ready, _ = ray.wait([learner_done, *labelers_done], num_returns=1 + len(labelers_done), timeout=FLUSH_TIMEOUT_S)
-        self._raise_if_failed(ready)
-
-    def _raise_if_failed(self, refs: list) -> None:
+    def _watch(self, learner_done) -> None:
+        """Restart-and-rewire dead workers; fail the run on any other error (or a death past max_restarts)."""
+        noticed = time.monotonic()  # recovery time counts from here for every worker found dead now
+        for worker in self.supervisor.dead():
+            self._recover(worker, noticed)
+        refs = [learner_done] + [w.done for w in self.supervisor.workers]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         for ref in ready:
             try:
                 ray.get(ref)
+            except ray.exceptions.RayActorError:
+                if ref is learner_done:
+                    raise RoleFailed("the learner died; resume from its last checkpoint: "
+                                     f"rlfarm train resume={self.run.dir}") from None
+                # a worker that died after the look above: recovered on the next tick
             except ray.exceptions.RayError as error:
                 raise RoleFailed(_one_line(error)) from None
+
+    def _recover(self, worker: Worker, noticed: float) -> None:
+        """A runner or labeler died: wait for Ray to restart it, then give it back what it lost: its peers,
+        the policy, its share of the work (a runner) or the chunks it held (a labeler)."""
+        roles = self.roles
+        try:
+            pid = self.supervisor.wait_until_back(worker, float(self.cfg.run.restart_timeout_s))
+        except WorkerLost as lost:
+            raise RoleFailed(str(lost)) from None
+        incarnation = worker.incarnation + 1
+        if worker.kind == "labeler":
+            ray.get(worker.actor.set_learner.remote(roles.learner, incarnation))
+            worker.done = worker.actor.run.remote()
+            resent = sum(ray.get([r.redispatch.remote(worker.index) for r in roles.runners]))
+            detail = {"chunks_resent": resent}
+        else:
+            self._steps_before_restart[worker.index] += int(worker.stats.get("env_steps", 0))
+            remaining = max(self.shares[worker.index] - self._steps_before_restart[worker.index], 0)
+            learning = ray.get(roles.learner.stats.remote())["updates"] > 0
+            ray.get(worker.actor.set_labelers.remote(roles.labelers))
+            roles.learner.push_weights.remote()
+            worker.done = worker.actor.run.remote(remaining, first_seq(self.epoch, incarnation),
+                                                  incarnation_key(self.epoch, incarnation), 0 if learning else None)
+            detail = {"env_steps_left": remaining}
+        self.supervisor.restarted(worker, pid, noticed, detail)
+
+    def _flush(self, learner_done) -> None:
+        """Wait until every transition the runners produced is stored (or quarantined) by the learner."""
+        deadline = time.monotonic() + FLUSH_TIMEOUT_S
+        while True:
+            self._watch(learner_done)
+            produced = sum(ray.get(w.done)["produced"] for w in self.supervisor.of("env_runner"))
+            learner = ray.get(self.roles.learner.stats.remote())
+            if _accounted(learner) - self._settled_by_dead(learner) >= produced:
+                return
+            if time.monotonic() > deadline:
+                raise RoleFailed(f"labeled chunks did not all reach the learner within {FLUSH_TIMEOUT_S:g} s")
+            time.sleep(0.05)
+
+    def _wait(self, learner_done) -> None:
+        refs = [learner_done, *(w.done for w in self.supervisor.of("labeler"))]
+        ray.wait(refs, num_returns=len(refs), timeout=FLUSH_TIMEOUT_S)
+        self._watch(learner_done)
+
+    def _settled_by_dead(self, learner: dict) -> int:
+        """Transitions stored or quarantined that dead runner incarnations produced (this epoch)."""
+        live = {(w.index, incarnation_key(self.epoch, w.incarnation)) for w in self.supervisor.of("env_runner")}
+        return sum(n for key, n in learner["settled_by_runner"].items() if key not in live)
+
+    def _delivered_by_dead(self, learner: dict) -> int:
+        live = {(w.index, w.incarnation) for w in self.supervisor.of("labeler")}
+        return sum(n for key, n in learner["delivered_by_labeler"].items() if key not in live)
 
     def _record(self) -> dict:
         row = self._observe()
@@ -145,26 +202,30 @@ class OffPolicyLoop:
         return row
 
     def _observe(self) -> dict:
-        """Poll every role's counters and turn them into one metrics row (rates over the last interval)."""
-        roles = self.roles
-        learner, *rest = ray.get([a.stats.remote() for a in roles.all])
-        runners, labelers = rest[: len(roles.runners)], rest[len(roles.runners):]
-        for r in runners:
-            self.returns.extend(r["episode_returns"])
-            self.episodes += len(r["episode_returns"])
+        """Poll every role's counters and turn them into one metrics row (rates over the last interval).
+        Counters add up the live workers' own counts and, from the learner, what dead incarnations delivered."""
+        sup = self.supervisor
+        learner = ray.get(self.roles.learner.stats.remote())
+        for stats in sup.poll():
+            self.returns.extend(stats.get("episode_returns", []))
+            self.episodes += len(stats.get("episode_returns", []))
+        runners = [w.stats for w in sup.of("env_runner")]
+        labelers = [w.stats for w in sup.of("labeler")]
+        live = lambda stats, key: sum(s.get(key, 0) for s in stats)  # noqa: E731 - a restarting worker has {}
         now = time.monotonic()
         off = self.offset
-        counters = {"env_steps": off["env_steps"] + sum(r["env_steps"] for r in runners),
-                    "produced": off["produced"] + sum(r["produced"] for r in runners),
-                    "labeled": off["labeled"] + sum(l["labeled"] for l in labelers),
+        dead_runners, dead_labelers = self._settled_by_dead(learner), self._delivered_by_dead(learner)
+        counters = {"env_steps": off["env_steps"] + live(runners, "env_steps") + dead_runners,
+                    "produced": off["produced"] + live(runners, "produced") + dead_runners,
+                    "labeled": off["labeled"] + live(labelers, "labeled") + dead_labelers - learner["duplicate_transitions"],
                     "stored": learner["stored"], "updates": learner["updates"],
-                    "labeler_busy_s": sum(l["busy_s"] for l in labelers), "t": now}
-        prev, self._previous = self._previous or {**counters, **off, "t": self.started}, counters
+                    "labeler_busy_s": live(labelers, "busy_s"), "t": now}
+        prev, self._previous = self._previous or {**counters, **off, "labeler_busy_s": 0.0, "t": self.started}, counters
         dt = max(now - prev["t"], 1e-9)
-        rate = lambda key: (counters[key] - prev[key]) / dt  # noqa: E731
+        rate = lambda key: max(counters[key] - prev[key], 0) / dt  # noqa: E731 - a restart resets busy_s
         elapsed = now - self.started + off["wall_s"]
         total = int(self.cfg.total_env_steps)
-        lags = [l["labeling_lag_s"] for l in labelers if l["labeling_lag_s"] > 0]
+        lags = [l["labeling_lag_s"] for l in labelers if l.get("labeling_lag_s", 0) > 0]
         losses = {k: learner[k] for k in ("critic_loss", "actor_loss", "alpha", "entropy") if k in learner}
         return {
             "env_steps": counters["env_steps"], "wall_s": round(elapsed, 3),
@@ -174,10 +235,13 @@ class OffPolicyLoop:
             "labeler_busy_fraction": rate("labeler_busy_s") / max(len(labelers), 1),
             "transitions_produced": counters["produced"], "transitions_labeled": counters["labeled"],
             "transitions_stored": counters["stored"], "updates": counters["updates"],
+            "transitions_relabeled": learner["duplicate_transitions"],
             "buffer_size": learner["buffer_size"], "policy_version": learner["policy_version"],
             "policy_staleness": learner["policy_staleness"], "duplicates": learner["duplicates"],
-            "transitions_quarantined": learner["quarantined"], "reward_retries": sum(l["retries"] for l in labelers),
-            "reward_last_error": next((l["last_error"] for l in labelers if l["last_error"]), None),
+            "transitions_quarantined": learner["quarantined"],
+            "reward_retries": live(labelers, "retries"),
+            "reward_last_error": next((l["last_error"] for l in labelers if l.get("last_error")), None),
+            "worker_restarts": len(sup.recoveries),
             "episodes": self.episodes,
             "episode_return_mean": float(np.mean(self.returns)) if self.returns else None,
             "eta_s": (total - counters["env_steps"]) / max(counters["env_steps"] - off["env_steps"], 1) * (now - self.started),
@@ -186,10 +250,10 @@ class OffPolicyLoop:
 
     def _summary(self, row: dict) -> dict:
         keys = ("env_steps", "transitions_produced", "transitions_labeled", "transitions_stored",
-                "transitions_quarantined", "reward_retries", "reward_last_error", "updates",
-                "episodes", "episode_return_mean", "duplicates", "policy_version")
+                "transitions_quarantined", "transitions_relabeled", "reward_retries", "reward_last_error", "updates",
+                "episodes", "episode_return_mean", "duplicates", "policy_version", "worker_restarts")
         return {k: row[k] for k in keys} | {"wall_s": round(self.offset["wall_s"] + time.monotonic() - self.started, 2),
-                                             "restarts": self.epoch}
+                                             "restarts": self.epoch, "recoveries": self.supervisor.recoveries}
 
 
 def _accounted(learner_stats: dict) -> int:

@@ -39,17 +39,20 @@ def reward_inputs(reward_cfg: DictConfig) -> tuple[list[str], int | None]:
 
 def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_dir: str | None = None) -> OffPolicyRoles:
     plan, algo = placed.plan, cfg.algo
+    # Runners and labelers hold nothing that cannot be rebuilt: Ray restarts them (constructor again) and the
+    # loop re-wires them. Their in-flight calls are not retried; the loop re-sends what they held instead.
+    restartable = {"max_restarts": int(cfg.run.max_restarts), "max_task_retries": 0}
     as_dict = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731 - plain dicts travel to actors
     needs, frame_size = reward_inputs(cfg.reward)
     runner_places = plan.of("env_runner")
     random_steps = -(-int(algo.learning_starts) // len(runner_places))
     runners = [
-        ray.remote(EnvRunner).options(**placed.options(p), max_concurrency=CONCURRENCY, name=None).remote(
+        ray.remote(EnvRunner).options(**placed.options(p), max_concurrency=CONCURRENCY, **restartable).remote(
             p.index, as_dict(cfg.env), as_dict(cfg.model.actor), needs, frame_size, int(cfg.seed),
             int(algo.chunk_steps), int(algo.credits), random_steps, p.threads)
         for p in runner_places]
     labelers = [
-        ray.remote(Labeler).options(**placed.options(p), max_concurrency=CONCURRENCY).remote(
+        ray.remote(Labeler).options(**placed.options(p), max_concurrency=CONCURRENCY, **restartable).remote(
             p.index, as_dict(cfg.reward), int(cfg.labeler.bus_items), float(cfg.labeler.bus_timeout_s), p.threads,
             quarantine_dir)
         for p in plan.of("labeler")]

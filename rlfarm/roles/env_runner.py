@@ -49,7 +49,9 @@ class EnvRunner:
         self.policy = instantiate(actor_cfg)(self.obs_dim, self.act_dim, self.action_low, self.action_high).eval()
         self.rng = np.random.default_rng(seed + 7919 * index)
         self.credits = threading.Semaphore(credits)
-        self.in_flight: dict[int, ray.ObjectRef] = {}  # seq → chunk ref, until the learner acks it
+        # seq → (meta, chunk ref, labeler index), until the learner acks it: this runner owns the chunk, so it
+        # survives a labeler's death and can be sent again.
+        self.in_flight: dict[int, tuple[dict, ray.ObjectRef, int]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._pending_weights: tuple[int, list] | None = None
@@ -80,6 +82,15 @@ class EnvRunner:
             for seq in seqs:
                 if self.in_flight.pop(seq, None) is not None:
                     self.credits.release()
+
+    def redispatch(self, labeler: int) -> int:
+        """A labeler died (and was restarted): send it again the chunks it held. A chunk it had already
+        delivered is stored once anyway (the learner de-duplicates by id). Returns the chunks re-sent."""
+        with self._lock:
+            lost = [(meta, ref) for meta, ref, to in self.in_flight.values() if to == labeler]
+        for meta, ref in lost:
+            self.labelers[labeler].submit.remote(meta, ref)
+        return len(lost)
 
     def stop(self) -> None:
         self._stop.set()
@@ -119,9 +130,13 @@ class EnvRunner:
         chunk = {k: np.concatenate(v, axis=0) for k, v in fields.items()}
         return chunk, obs
 
-    def run(self, max_env_steps: int, first_seq: int = 0) -> dict:
+    def run(self, max_env_steps: int, first_seq: int = 0, incarnation: int = 0, random_steps: int | None = None) -> dict:
         """Act until `max_env_steps` (this runner's share) or stop(); returns this runner's totals.
-        `first_seq` keeps chunk ids of a resumed run apart from those stored before the restart."""
+        `first_seq` keeps chunk ids of a resumed run or a restarted runner apart from those stored before;
+        `incarnation` tags its chunks so the learner can count what each incarnation delivered; a restarted
+        runner is told how many random steps it still owes (usually none: it acts with the learner's policy)."""
+        if random_steps is not None:
+            self.random_steps = random_steps
         obs = self.env.reset()
         seq = first_seq
         while self.env_steps < max_env_steps and not self._stop.is_set():
@@ -134,12 +149,13 @@ class EnvRunner:
             # The last chunk is cut short so the run stops at its step budget, not a chunk later.
             steps = min(self.chunk_steps, -(-(max_env_steps - self.env_steps) // obs.shape[0]))
             chunk, obs = self._collect_chunk(obs, steps)
-            meta = {"runner": self.index, "seq": seq, "produced_at": time.time(),
+            meta = {"runner": self.index, "seq": seq, "incarnation": incarnation, "produced_at": time.time(),
                     "policy_version": self.policy_version, "size": len(chunk["obs"])}
             ref = ray.put(chunk)
+            labeler = seq % len(self.labelers)
             with self._lock:
-                self.in_flight[seq] = ref
-            self.labelers[seq % len(self.labelers)].submit.remote(meta, ref)
+                self.in_flight[seq] = (meta, ref, labeler)
+            self.labelers[labeler].submit.remote(meta, ref)
             self.produced += meta["size"]
             self.chunks += 1
             seq += 1
@@ -154,6 +170,6 @@ class EnvRunner:
             returns.append(self.finished_returns.popleft())
         while self.finished_lengths:
             lengths.append(self.finished_lengths.popleft())
-        return {**self.totals(), "episode_returns": returns, "episode_lengths": lengths,
+        return {**self.totals(), "pid": os.getpid(), "episode_returns": returns, "episode_lengths": lengths,
                 "credit_wait_s": self.credit_wait_s, "policy_version": self.policy_version,
                 "in_flight": len(self.in_flight)}

@@ -8,6 +8,7 @@ once; if it fails again, its chunks are labeled one by one and each chunk that s
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ class Labeler:
         self.model.setup(self.device)
         self.bus = Bus(bus_items, bus_timeout_s)
         self.learner = None
+        self.incarnation = 0
         self._stop = threading.Event()
         self.quarantine_dir = Path(quarantine_dir) if quarantine_dir else None
         self.labeled = self.batches = self.quarantined = self.retries = 0
@@ -40,8 +42,10 @@ class Labeler:
         self.lag_sum_s = 0.0
         self.lag_count = 0
 
-    def set_learner(self, learner) -> None:
-        self.learner = learner
+    def set_learner(self, learner, incarnation: int = 0) -> None:
+        """`incarnation` counts this labeler's restarts; deliveries carry it so the learner can tell the
+        driver what a labeler did before it died."""
+        self.learner, self.incarnation = learner, incarnation
 
     def submit(self, meta: dict, chunk: dict) -> None:
         """Ray resolves the chunk ref before this runs, so the data is already local (zero-copy)."""
@@ -119,7 +123,7 @@ class Labeler:
             labeled = {key: chunk[key] for key in LEARNER_FIELDS}
             labeled["reward"] = rewards[start:start + n]
             start += n
-            out.append(({**meta, "labeled_at": labeled_at}, labeled))
+            out.append(({**meta, "labeled_at": labeled_at, "labeled_by": (self.index, self.incarnation)}, labeled))
             self.lag_sum_s += labeled_at - meta["produced_at"]
             self.lag_count += 1
         self.learner.store.remote(out)
@@ -129,7 +133,7 @@ class Labeler:
     def stats(self) -> dict:
         lag = self.lag_sum_s / self.lag_count if self.lag_count else 0.0
         self.lag_sum_s, self.lag_count = 0.0, 0
-        return {"labeler": self.index, "labeled": self.labeled, "batches": self.batches, "busy_s": self.busy_s,
+        return {"labeler": self.index, "pid": os.getpid(), "labeled": self.labeled, "batches": self.batches, "busy_s": self.busy_s,
                 "labeling_lag_s": lag, "queued": len(self.bus), "device": self.device,
                 "quarantined": self.quarantined, "retries": self.retries, "last_error": self.last_error}
 

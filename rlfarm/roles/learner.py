@@ -45,6 +45,12 @@ class Learner:
         self.quarantined_transitions = 0
         self.unacked: deque[tuple[int, int, int]] = deque()  # (runner, seq, updates required)
         self.runners: list = []
+        self._published: ray.ObjectRef | None = None
+        # Per worker incarnation, so the driver can account for what a worker did before it died:
+        # transitions settled (stored or quarantined) per (runner, incarnation), delivered per (labeler, incarnation).
+        self.settled_by_runner: dict[tuple[int, int], int] = defaultdict(int)
+        self.delivered_by_labeler: dict[tuple[int, int], int] = defaultdict(int)
+        self.duplicate_transitions = 0
         self._stop = threading.Event()
         self._state_lock = threading.Lock()
         self.stored = self.duplicates = self.updates = self.version = 0
@@ -101,17 +107,23 @@ class Learner:
     def _store(self, labeled: list[tuple[dict, dict]]) -> None:
         for meta, chunk in labeled:
             chunk_id = (meta["runner"], meta["seq"])
+            runner_incarnation = (meta["runner"], meta.get("incarnation", 0))
             if chunk is None:  # quarantined by a labeler
-                if chunk_id not in self.quarantined_ids:
+                if chunk_id not in self.quarantined_ids and chunk_id not in self.stored_ids:
                     self.quarantined_ids.add(chunk_id)
                     self.quarantined_transitions += meta["size"]
+                    self.settled_by_runner[runner_incarnation] += meta["size"]
                 self.unacked.append((*chunk_id, 0))
                 continue
-            if chunk_id in self.stored_ids:
+            if "labeled_by" in meta:
+                self.delivered_by_labeler[tuple(meta["labeled_by"])] += meta["size"]
+            if chunk_id in self.stored_ids:  # re-sent after a labeler restart: labeled twice, stored once
                 self.duplicates += 1
+                self.duplicate_transitions += meta["size"]
                 self.unacked.append((*chunk_id, 0))  # re-ack: the runner may still hold its credit
                 continue
             self.stored_ids.add(chunk_id)
+            self.settled_by_runner[runner_incarnation] += meta["size"]
             self.buffer.extend({
                 "obs": chunk["obs"].reshape(meta["size"], -1).astype(np.float32),
                 "action": chunk["action"].reshape(meta["size"], -1).astype(np.float32),
@@ -150,15 +162,22 @@ class Learner:
 
     def _publish(self) -> None:
         self.version += 1
-        ref = ray.put(self.agent.policy_state())
+        self._published = ray.put(self.agent.policy_state())
+        self.push_weights()
+
+    def push_weights(self) -> None:
+        """Send the newest published weights to every runner (again): a restarted runner starts with none."""
         for runner in self.runners:
-            runner.set_weights.remote(self.version, [ref])
+            runner.set_weights.remote(self.version, [self._published])
 
     # -- reporting / persistence ---------------------------------------------------------------------
     def stats(self) -> dict:
         metrics = {k: float(v) for k, v in self._last_metrics.items()}
         staleness, self._staleness = self._staleness, []
-        return {"stored": self.stored, "updates": self.updates, "duplicates": self.duplicates,
+        return {"pid": os.getpid(), "stored": self.stored, "updates": self.updates, "duplicates": self.duplicates,
+                "duplicate_transitions": self.duplicate_transitions,
+                "settled_by_runner": dict(self.settled_by_runner),
+                "delivered_by_labeler": dict(self.delivered_by_labeler),
                 "quarantined": self.quarantined_transitions,
                 "buffer_size": len(self.buffer), "policy_version": self.version, "update_time_s": self.update_time_s,
                 "policy_staleness": float(np.mean(staleness)) if staleness else 0.0, "device": self.device, **metrics}

@@ -16,12 +16,18 @@ ONPOLICY_COLUMNS = (
     ("reward_mean", "reward (last 10)", "{:.3f}"), ("kept_groups", "kept groups", "{:.2f}"),
     ("entropy", "entropy", "{:.2f}"), ("wall_s", "wall s", "{:,.0f}"),
 )
+PPO_COLUMNS = (
+    ("env_steps", "env steps", "{:,.0f}"), ("env_steps_per_s", "env steps/s", "{:,.0f}"), ("updates", "updates", "{:,.0f}"),
+    ("episode_return_mean", "return (last 10)", "{:.1f}"), ("policy_loss", "policy loss", "{:.3f}"),
+    ("value_loss", "value loss", "{:.3f}"), ("entropy", "entropy", "{:.2f}"), ("approx_kl", "KL", "{:.4f}"),
+    ("eta_s", "ETA s", "{:,.0f}"),
+)
 COLUMNS = (  # (row key, title, format)
     ("env_steps", "env steps", "{:,.0f}"), ("env_steps_per_s", "env steps/s", "{:,.0f}"),
     ("labeled_per_s", "labeled/s", "{:,.0f}"), ("updates_per_s", "updates/s", "{:,.1f}"),
     ("labeling_lag_s", "label lag s", "{:.3f}"), ("buffer_size", "buffer", "{:,.0f}"),
     ("episode_return_mean", "return (last 10)", "{:.1f}"), ("transitions_quarantined", "quarantined", "{:,.0f}"),
-    ("eta_s", "ETA s", "{:,.0f}"),
+    ("worker_restarts", "restarts", "{:,.0f}"), ("eta_s", "ETA s", "{:,.0f}"),
 )
 
 
@@ -31,7 +37,7 @@ def _fmt(fmt: str, value) -> str:
 
 class LiveView:
     def __init__(self, title: str, mode: str | bool = "auto", log_every_s: float = 10.0, columns: str = "offpolicy"):
-        self.columns = ONPOLICY_COLUMNS if columns == "onpolicy" else COLUMNS
+        self.columns = {"onpolicy": ONPOLICY_COLUMNS, "ppo": PPO_COLUMNS}.get(columns, COLUMNS)
         console = Console(file=sys.stdout)
         self.enabled = console.is_terminal if mode == "auto" else bool(mode)
         self.title, self.log_every_s, self._last_log = title, log_every_s, 0.0

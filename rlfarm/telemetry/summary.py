@@ -14,11 +14,13 @@ def summary_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
     faults = (f" Reward-model faults: {quarantined:,} transitions quarantined in {run_dir}/quarantine/, "
               f"{s.get('reward_retries', 0)} retried batches; last error: {s.get('reward_last_error')}."
               if quarantined or s.get("reward_retries") else "")
+    restarts = "".join(f" {r['role']} {r['index']} died and was back in {r['recovery_s']:.1f} s." for r in s.get("recoveries", []))
+    relabeled = f", {s['transitions_relabeled']:,} relabeled after a restart" if s.get("transitions_relabeled") else ""
     return (f"Done: {cfg.algo.name} on {cfg.env.id} ({cfg.topology.name}, reward={cfg.reward._target_.rsplit('.', 1)[-1]}) "
             f"ran {s['env_steps']:,} env steps in {s['wall_s']:.0f} s ({rate:,.0f}/s) with {s['updates']:,} updates; "
             f"mean return of the last 10 episodes {ret_text}. Transitions produced {s['transitions_produced']:,}, "
             f"labeled {s['transitions_labeled']:,}, stored {s['transitions_stored']:,} ({exact}, "
-            f"{s.get('duplicates', 0)} duplicates dropped).{faults} Run dir: {run_dir} "
+            f"{s.get('duplicates', 0)} duplicates dropped{relabeled}).{faults}{restarts} Run dir: {run_dir} "
             f"(curves: tensorboard --logdir {run_dir}/tb).")
 
 
@@ -27,3 +29,14 @@ def onpolicy_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
     return (f"Done: {cfg.algo.name} on the '{cfg.env.task}' task ({cfg.topology.name}) ran {s['updates']:,} updates "
             f"({s['samples']:,} samples) in {s['wall_s']:.0f} s; mean reward of the last 10 updates "
             f"{s['reward_mean']:.3f} ({reached} the target {s.get('target_reward')}). Run dir: {run_dir}.")
+
+
+def ppo_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
+    ret = s.get("episode_return_mean")
+    target = s.get("target_return")
+    reached = "" if target is None else f" ({'reached' if s.get('reached_target') else 'did not reach'} the target {target})"
+    return (f"Done: {cfg.algo.name} on {cfg.env.id} ({cfg.topology.name}) ran {s['env_steps']:,} env steps in "
+            f"{s['wall_s']:.0f} s ({s['env_steps_per_s']:,.0f}/s) with {s['updates']:,} updates "
+            f"({s['gradient_steps']:,} gradient steps); mean return of the last 10 episodes "
+            f"{'n/a' if ret is None else f'{ret:.1f}'}{reached}. Run dir: {run_dir} "
+            f"(curves: tensorboard --logdir {run_dir}/tb).")

@@ -55,6 +55,7 @@ CASES = [
     pytest.param(["train", "env.num_envs=0"], "env.num_envs must be > 0", id="num-envs-zero"),
     pytest.param(["train", "labeler.bus_items=0"], "labeler.bus_items must be > 0", id="bus-items-zero"),
     pytest.param(["train", "run.max_wall_s=-5"], "run.max_wall_s must be > 0", id="max-wall-negative"),
+    pytest.param(["train", "run.max_restarts=-1"], "run.max_restarts must be >= 0", id="max-restarts-negative"),
     pytest.param(["train", "topology.roles.env_runner.count=-1"], "topology.roles.env_runner.count must be",
                  id="runner-count-negative"),
     pytest.param(["train", "topology.roles.labeler.count=0"], "topology.roles.labeler.count must be at least 1",
