@@ -58,6 +58,7 @@ class SACAgent:
                  init_alpha: float = 1.0, autotune: bool = True, target_entropy: float | None = None,
                  policy_frequency: int = 2, device: str = "cpu"):
         self.device = torch.device(device)
+        self.obs_dim, self.act_dim = obs_dim, act_dim
         self.gamma, self.tau, self.policy_frequency, self.autotune = gamma, tau, policy_frequency, autotune
         self.actor = actor(obs_dim, act_dim, action_low, action_high).to(self.device)
         self.critic = critic(obs_dim, act_dim).to(self.device)

@@ -157,4 +157,7 @@ def format_value(value) -> str:
 
 
 def print_table(result: dict) -> None:
-    Console().print(results_table(result))
+    console = Console()
+    if not console.is_terminal:  # a log or a pipe: do not squeeze the columns into 80 characters
+        console = Console(width=200)
+    console.print(results_table(result))

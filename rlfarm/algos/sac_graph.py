@@ -1,0 +1,212 @@
+"""Fast SAC updates: several updates per call, captured whole (sampling included) in one CUDA graph.
+
+Why: at batch 256 with 256×2 MLPs one SAC update is a few hundred tiny kernels. Launched one by one from
+Python the GPU mostly waits for the launcher (137 updates/s eager on an H100). Here the kernels of
+`updates_per_call` updates — drawing the batch indices and the actor's noise on the device, gathering from
+the GPU-resident replay storage, critic, actor and temperature losses, backward passes, fused capturable
+Adam, Polyak averaging with one foreach lerp — are recorded once and replayed with one launch; with
+`compile=True` torch.compile (inductor) first fuses the forward and backward passes into fewer kernels.
+
+The math is SACAgent's own (rlfarm/algos/sac.py): the same loss functions, the same schedule (critic every
+update; `policy_frequency` actor and temperature steps every `policy_frequency` updates; Polyak every
+update) and the agent's own networks and optimizers, so checkpoints, `policy_state()` and eager updates
+keep working on the same agent. Three differences make it capturable and testable:
+- the actor's standard-normal noise is an *input* (drawn for all updates of a call at once), so a test can
+  feed it the draws an eager update makes and compare the results;
+- actor and temperature losses share one backward pass (their gradients touch disjoint parameters:
+  the actor loss sees α detached and the temperature loss sees log π detached, so the gradients are the same);
+- on CUDA the optimizers run with capturable=True (the same fused Adam kernel, its step count on the device).
+On CPU nothing is captured or compiled: the same steps run in Python, so CI exercises the same code.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from rlfarm.algos.sac import SACAgent, actor_loss, critic_loss, soft_q_target, temperature_loss
+
+Batch = dict[str, torch.Tensor]
+Draw = Callable[[], tuple[Batch, torch.Tensor]]
+
+WARMUP_CALLS = 3  # before capture, on a side stream: cuBLAS workspaces, optimizer state, compilation
+
+
+def squashed_sample(actor: torch.nn.Module, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SquashedGaussianActor.sample(obs) with its standard-normal draw `noise` [B, act] given, not drawn inside.
+
+    The same operations in the same order as rlfarm.models.mlp.SquashedGaussianActor.sample, so that equal
+    noise gives equal results (tests/bench/test_learner.py checks it against the eager update)."""
+    mean, log_std = actor._dist_params(obs)
+    std = log_std.exp()
+    pre_tanh = mean + std * noise
+    squashed = torch.tanh(pre_tanh)
+    # log N(u; μ, σ) − Σ log(scale · (1 − tanh²u)) : change of variables through tanh and the rescale.
+    gaussian_logp = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    correction = torch.log(actor.action_scale * (1 - squashed.pow(2)) + 1e-6).sum(-1)
+    return squashed * actor.action_scale + actor.action_bias, gaussian_logp - correction
+
+
+class SACStep:
+    """One SAC update of `agent` from a batch and the actor's noise [1 + policy_frequency, B, act]
+    (noise[0] samples a' for the critic target, noise[1 + i] the actor's i-th step). Host-sync free."""
+
+    def __init__(self, agent: SACAgent, compile: bool = False):
+        self.agent = agent
+        self.critic_objective = self._critic_objective
+        self.actor_objective = self._actor_objective
+        if compile:
+            # dynamic=False: the shapes never change, so inductor may specialize every kernel to them.
+            self.critic_objective = torch.compile(self._critic_objective, dynamic=False)
+            self.actor_objective = torch.compile(self._actor_objective, dynamic=False)
+
+    def _critic_objective(self, batch: Batch, noise: torch.Tensor) -> torch.Tensor:
+        agent = self.agent
+        with torch.no_grad():
+            next_action, next_logp = squashed_sample(agent.actor, batch["next_obs"], noise)
+            next_q = agent.critic_target(batch["next_obs"], next_action)
+            target = soft_q_target(batch["reward"], batch["terminated"], next_q, next_logp, agent.alpha, agent.gamma)
+        return critic_loss(agent.critic(batch["obs"], batch["action"]), target)
+
+    def _actor_objective(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(actor loss + temperature loss, actor loss, entropy estimate)."""
+        agent = self.agent
+        action, logp = squashed_sample(agent.actor, obs, noise)
+        loss = actor_loss(agent.critic(obs, action), logp, agent.alpha)
+        total = loss + temperature_loss(agent.log_alpha, logp, agent.target_entropy) if agent.autotune else loss
+        return total, loss.detach(), -logp.detach().mean()
+
+    def __call__(self, batch: Batch, noise: torch.Tensor, update_actor: bool) -> dict[str, torch.Tensor]:
+        agent = self.agent
+        loss = self.critic_objective(batch, noise[0])
+        agent.critic_optim.zero_grad(set_to_none=True)
+        loss.backward()
+        agent.critic_optim.step()
+        metrics = {"critic_loss": loss.detach()}
+        if update_actor:
+            # The critic is a constant for the actor: skip its weight gradients (as SACAgent does).
+            agent.critic.requires_grad_(False)
+            for i in range(agent.policy_frequency):
+                total, metrics["actor_loss"], metrics["entropy"] = self.actor_objective(batch["obs"], noise[1 + i])
+                agent.actor_optim.zero_grad(set_to_none=True)
+                agent.alpha_optim.zero_grad(set_to_none=True)
+                total.backward()
+                agent.actor_optim.step()
+                if agent.autotune:
+                    agent.alpha_optim.step()
+            agent.critic.requires_grad_(True)
+        agent._update_target()
+        metrics["alpha"] = agent.alpha
+        return metrics
+
+
+class GraphedSACUpdates:
+    """`updates_per_call` SAC updates per call on batches from `draw()`; one CUDA graph replay on CUDA.
+
+    `draw()` returns (batches: each field [K, B, ...], noise [K, 1 + policy_frequency, B, act]) for the K
+    updates of a call; it runs inside the graph, so it must draw on the device without host syncs
+    (see `replay_draw`). Returns the metrics of the call's last update (tensors that the next call
+    overwrites on CUDA: read them before calling again, or copy them)."""
+
+    def __init__(self, step: SACStep, draw: Draw, updates_per_call: int = 8, graph: bool | None = None):
+        agent = step.agent
+        if updates_per_call < 1 or updates_per_call % agent.policy_frequency:
+            raise ValueError(f"updates_per_call ({updates_per_call}) must be a positive multiple of "
+                             f"policy_frequency ({agent.policy_frequency}): the actor's schedule is recorded")
+        self.step, self.draw, self.updates_per_call = step, draw, updates_per_call
+        self.graph = agent.device.type == "cuda" if graph is None else graph
+        if self.graph and agent.device.type != "cuda":
+            raise ValueError("CUDA graphs need the agent on a CUDA device")
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._metrics: dict[str, torch.Tensor] = {}
+
+    def _updates(self) -> dict[str, torch.Tensor]:
+        agent = self.step.agent
+        batches, noise = self.draw()
+        metrics: dict[str, torch.Tensor] = {}
+        for k in range(self.updates_per_call):
+            batch = {name: values[k] for name, values in batches.items()}
+            metrics.update(self.step(batch, noise[k], update_actor=k % agent.policy_frequency == 0))
+        return metrics
+
+    def __call__(self) -> dict[str, torch.Tensor]:
+        agent = self.step.agent
+        if agent.updates % agent.policy_frequency:
+            raise RuntimeError(f"the agent is at update {agent.updates}, not at a multiple of policy_frequency "
+                               f"({agent.policy_frequency}): the recorded actor schedule would be off by one")
+        if not self.graph:
+            metrics = self._updates()
+        else:
+            if self._graph is None:
+                self._capture()
+            self._graph.replay()
+            metrics = self._metrics
+        agent.updates += self.updates_per_call
+        return metrics
+
+    def _capture(self) -> None:
+        agent = self.step.agent
+        optimizers = (agent.actor_optim, agent.critic_optim, agent.alpha_optim)
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["capturable"] = True  # same fused kernel; only the capture check differs
+            init_adam_state(optimizer)
+        # Warm-up calls are real updates: put the agent back where it was, in place, before recording.
+        state = mutable_state(agent)
+        saved = [t.detach().clone() for t in state]
+        stream = torch.cuda.Stream(device=agent.device)
+        stream.wait_stream(torch.cuda.current_stream(agent.device))
+        with torch.cuda.stream(stream), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*capturable=True.*")  # warm-up runs uncaptured, on purpose
+            for _ in range(WARMUP_CALLS):
+                self._updates()
+        torch.cuda.current_stream(agent.device).wait_stream(stream)
+        with torch.no_grad():
+            torch._foreach_copy_(state, saved)
+        self._graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._graph):
+            self._metrics = self._updates()
+
+
+def init_adam_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create Adam's per-parameter state now, as its first step would (fused/capturable layout: the step
+    count on the parameter's device), so that it exists before warm-up and is not first made inside a capture."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def mutable_state(agent: SACAgent) -> list[torch.Tensor]:
+    """Every tensor an update writes: the weights, log α and the optimizers' state."""
+    tensors = [*agent.actor.parameters(), *agent.critic.parameters(), *agent.critic_target.parameters(),
+               agent.log_alpha]
+    for optimizer in (agent.actor_optim, agent.critic_optim, agent.alpha_optim):
+        for state in optimizer.state.values():
+            tensors += [value for value in state.values() if torch.is_tensor(value)]
+    return tensors
+
+
+def replay_draw(fields: Batch, size: torch.Tensor, batch_size: int, updates: int, agent: SACAgent) -> Draw:
+    """Draw for `updates` updates from a replay storage's field tensors ([capacity, ...] each, on the device),
+    of which the first `size` rows are filled (`size` a 0-d float64 tensor on the device, updated in place
+    by the caller as the buffer grows): uniform indices with replacement and the actor's noise, in two
+    kernels, then one gather per field. No host sync: it can run inside a CUDA graph."""
+    noise_shape = (updates, 1 + agent.policy_frequency, batch_size, agent.act_dim)
+
+    def draw() -> tuple[Batch, torch.Tensor]:
+        # float64 uniforms: exact enough to index buffers of millions of rows without bias.
+        index = (torch.rand(updates, batch_size, dtype=torch.float64, device=size.device) * size).long()
+        batches = {name: field[index] for name, field in fields.items()}
+        return batches, torch.randn(noise_shape, device=size.device)
+    return draw
+
+
+def fixed_draw(batches: Batch, noise: torch.Tensor) -> Draw:
+    """Always these tensors (the caller may refill them in place between calls): for tests and fixed batches."""
+    return lambda: (batches, noise)
