@@ -10,13 +10,15 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rlfarm.errors import TopologyError
 
 ROLE_NAMES = ("learner", "env_runner", "labeler", "engine")
 # Roles each algorithm family needs; a topology may list more (a shared file for both families).
-FAMILY_ROLES = {"offpolicy": ("learner", "env_runner", "labeler"), "onpolicy": ("learner", "engine", "labeler")}
+# onpolicy_env: PPO on gymnasium envs, the policy inside the env runners and the env's own reward (no labelers).
+FAMILY_ROLES = {"offpolicy": ("learner", "env_runner", "labeler"), "onpolicy": ("learner", "engine", "labeler"),
+                "onpolicy_env": ("learner", "env_runner")}
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
                             f"add topology.roles.{missing} with pool/count/cpus/gpus")
     free: dict[str, list[float]] = {pool: [1.0] * n for pool, n in pool_gpus.items()}
     cpus_in_bundle: dict[str, list[float]] = {pool: [0.0] * n for pool, n in pool_gpus.items()}
+    gpus_in_bundle: dict[str, list[int]] = {pool: [1] * n for pool, n in pool_gpus.items()}  # 0: merged away
     placements: list[Placement] = []
     for role, spec in roles.items():
         if role not in ROLE_NAMES:
@@ -113,32 +116,51 @@ def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
             raise TopologyError(f"role '{role}' names pool '{pool}', which topology '{name}' does not define",
                                 f"use one of: {', '.join(pool_gpus) or '(none defined)'}")
         for i in range(int(count)):
-            bundle = _first_fit(free[pool], gpus)
+            bundle = _first_fit(free[pool], gpus, gpus_in_bundle[pool])
             if bundle is None:
                 asked = sum(p.gpus for p in placements if p.pool == pool) + gpus * (int(count) - i)
                 raise TopologyError(f"topology '{name}': roles in pool '{pool}' ask for {asked:g} GPUs but the pool has {pool_gpus[pool]}",
                                     f"lower topology.roles.{role}.count/gpus or raise topology.pools.{pool}.gpus")
             placements.append(Placement(role, i, pool, bundle, cpus, gpus, threads))
             cpus_in_bundle[pool][bundle] += cpus
-    bundles = {pool: [{"GPU": 1.0, **({"CPU": c} if c > 0 else {})} for c in cpus_in_bundle[pool]] for pool in pool_gpus}
+    # Drop the bundles merged into a multi-GPU one and renumber the placements to match.
+    renumber = {pool: {old: new for new, old in enumerate(i for i, g in enumerate(gpus_in_bundle[pool]) if g)}
+                for pool in pool_gpus}
+    placements = [p if p.pool is None else replace(p, bundle=renumber[p.pool][p.bundle]) for p in placements]
+    bundles = {pool: [{"GPU": float(g), **({"CPU": c} if c > 0 else {})}
+                      for g, c in zip(gpus_in_bundle[pool], cpus_in_bundle[pool]) if g] for pool in pool_gpus}
     return Plan(name, pool_gpus, tuple(placements), bundles)
 
 
-def _first_fit(free: list[float], share: float) -> int | None:
-    """Index of the first GPU bundle with `share` left (a whole multi-GPU share takes a bundle of its own)."""
-    need = min(share, 1.0)
+def _first_fit(free: list[float], share: float, gpus_in_bundle: list[int]) -> int | None:
+    """Index of the first GPU bundle with `share` left. A share of k > 1 whole GPUs (a DDP/FSDP learner) takes
+    k untouched one-GPU bundles merged into one k-GPU bundle: a Ray actor lives in one bundle, so it must hold
+    all k GPUs. The merged-away bundles are marked 0 in `gpus_in_bundle` (renumbered by the caller)."""
+    if share > 1:
+        untouched = [i for i, left in enumerate(free) if gpus_in_bundle[i] == 1 and left >= 1.0 - 1e-9]
+        if len(untouched) < share:
+            return None
+        first, *merged = untouched[: int(share)]
+        free[first], gpus_in_bundle[first] = 0.0, int(share)
+        for i in merged:
+            free[i], gpus_in_bundle[i] = 0.0, 0
+        return first
     for i, left in enumerate(free):
-        if left + 1e-9 >= need:
-            free[i] = left - need if share <= 1 else 0.0
+        if gpus_in_bundle[i] == 1 and left + 1e-9 >= share:
+            free[i] = left - share
             return i
     return None
 
 
 def local_resources(num_cpus: float | None, num_gpus: int | None) -> dict[str, float]:
-    """What a private local Ray would hold: declared values win over what the machine has."""
+    """What a private local Ray would hold: declared values win over what this process may use. Inside a
+    Slurm job (or taskset/cgroup limits) that is the allocation: CPUs from the affinity mask, GPUs from
+    CUDA_VISIBLE_DEVICES — not the whole node, which Ray would otherwise claim."""
     if num_gpus is None:
         num_gpus = _visible_gpu_count()
-    return {"CPU": float(num_cpus if num_cpus is not None else os.cpu_count() or 1), "GPU": float(num_gpus)}
+    if num_cpus is None:
+        num_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"CPU": float(num_cpus), "GPU": float(num_gpus)}
 
 
 def _visible_gpu_count() -> int:

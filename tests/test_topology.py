@@ -75,3 +75,52 @@ def test_placement_with_declared_gpus(ray_cpu):
             ray.kill(a)
     finally:
         placed.remove()
+
+
+def test_local_resources_count_only_the_cpus_this_process_may_use():
+    """Inside a Slurm job (or under taskset) a private Ray must not claim the whole node."""
+    import subprocess
+    import sys
+
+    code = ("import os; os.sched_setaffinity(0, {0}); from rlfarm.topology import local_resources; "
+            "print(local_resources(None, 0)['CPU'], local_resources(3, 0)['CPU'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1.0", "3.0"]
+
+
+def _multi_gpu_learner():
+    from omegaconf import OmegaConf
+
+    t = OmegaConf.to_container(topology("split_1_3"))
+    t["pools"]["train"]["gpus"] = 3
+    t["roles"]["learner"].update(gpus=2)  # a DDP/FSDP learner holds two whole GPUs ...
+    t["roles"]["labeler"].update(count=2, gpus=0.5, pool="train")  # ... next to a labeler GPU in the same pool
+    t["roles"]["labeler"]["pool"] = "train"
+    return t
+
+
+def test_a_learner_with_two_gpus_gets_one_bundle_holding_both():
+    plan = plan_topology(_multi_gpu_learner())
+    (learner,) = plan.of("learner")
+    assert plan.bundles["train"][learner.bundle]["GPU"] == 2.0
+    assert sorted(b["GPU"] for b in plan.bundles["train"]) == [1.0, 2.0]  # 3 GPUs: one 2-GPU bundle + one
+    assert {p.bundle for p in plan.of("labeler")} == {1 - learner.bundle}
+    with pytest.raises(TopologyError, match="ask for 4 GPUs but the pool has 3"):
+        t = _multi_gpu_learner()
+        t["roles"]["labeler"].update(count=4)
+        plan_topology(t)
+
+
+def test_a_two_gpu_learner_is_placed_on_two_gpus(ray_cpu):
+    ray = ray_cpu
+    t = _multi_gpu_learner()
+    t["pools"].pop("reward")
+    plan = plan_topology(t)
+    placed = PlacedTopology(plan, ready_timeout_s=30)
+    try:
+        learner = plan.of("learner")[0]
+        probe = ray.remote(Probe).options(**placed.options(learner)).remote()
+        assert len(ray.get(probe.where.remote())["gpu_ids"]) == 2
+        ray.kill(probe)
+    finally:
+        placed.remove()
