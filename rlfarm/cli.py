@@ -7,12 +7,13 @@ composed once to turn a bad override into one clear line instead of a traceback.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from rich.console import Console
 
 import rlfarm.resolvers  # noqa: F401 - registers the rlfarm.* OmegaConf resolvers the Slurm launcher config uses
-from rlfarm.errors import RlfarmError
+from rlfarm.errors import JobFailed, RlfarmError
 
 # command → (module with `task(cfg)`, config name, one-line description)
 COMMANDS = {
@@ -36,6 +37,10 @@ def usage() -> str:
 
 def fail(error: RlfarmError | str, code: int = 2) -> None:
     err.print(f"[bold red]error:[/] {error}", markup=True)
+    if os.environ.get("SUBMITIT_FOLDER") and code != 75:
+        # Inside a submitit (Slurm sweep) job, SystemExit ends the job without a result file, and the sweep
+        # command, where Slurm has no accounting, waits for it forever. An exception becomes the job's result.
+        raise JobFailed(str(error))
     raise SystemExit(code)
 
 

@@ -18,6 +18,10 @@ class TopologyError(RlfarmError):
     pass
 
 
+class JobFailed(RuntimeError):
+    """A run inside a Slurm sweep job failed; the message is the one line the CLI printed."""
+
+
 class Preempted(Exception):
     """SIGTERM arrived (Slurm preemption or time limit): a checkpoint was written; resume with resume=auto."""
 

@@ -185,6 +185,22 @@ def test_sweep_runs_one_slurm_job_per_run(slurm, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.slurm
+def test_a_failing_sweep_job_reports_its_error_and_the_sweep_ends(slurm, tmp_path):
+    """One point of the sweep fails at run time (a bad env kwarg only the env notices): its job must hand a
+    result back (not exit silently), so the sweep command ends with the error instead of waiting forever."""
+    sweep = tmp_path / "sweep"
+    args = [sys.executable, "-m", "rlfarm.cli", "train", "-m", "hydra/launcher=slurm", "+env.kwargs.g=9.81,oops",
+            "total_env_steps=300", *TINY, f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}"]
+    code, output = run_sweep(slurm, tmp_path, args, timeout=600)
+    assert code != 0
+    assert "a role failed" in output, output[-3000:]
+    assert (sweep / "0" / "summary.json").exists()
+    assert not (sweep / "1" / "summary.json").exists()
+    assert json.loads((sweep / "1" / "status.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
 def test_ray_cluster_sbatch_trains_to_completion(slurm, tmp_path):
     """launch/slurm/ray_cluster.sbatch on the one-node cluster: Ray head via srun (token auth on), node joins,
     `rlfarm train ray.address=...` finishes with a summary, and the trap leaves no Ray process behind."""
