@@ -40,6 +40,8 @@ class OnPolicyLoop:
         self.learner = ray.remote(PolicyLearner).options(**placed.options(learner)).remote(grpo, learner.threads)
         self.engine = ray.remote(EngineRole).options(**placed.options(engine)).remote(grpo, engine.threads)
         self.scorer = ray.remote(ScorerRole).options(**placed.options(scorer)).remote(grpo)
+        # Colocated (engine and learner on the same GPU): the engine sleeps while the learner trains.
+        self.time_share = engine.gpus > 0 and (engine.pool, engine.bundle) == (learner.pool, learner.bundle)
         self.rewards: deque[float] = deque(maxlen=REWARD_WINDOW)
         self.started = time.monotonic()
         self.samples = 0
@@ -54,7 +56,12 @@ class OnPolicyLoop:
             for update in range(1, total + 1):
                 generated = self.engine.generate.remote()                 # 1. generate
                 rewards = self.scorer.score.remote(generated)             # 2. score (labeler)
+                if self.time_share:
+                    ray.get(self.engine.sleep.remote())
                 metrics = self.learner.update.remote(generated, rewards)  # 3. advantages + update
+                if self.time_share:
+                    ray.wait([metrics])
+                    ray.get(self.engine.wake.remote())
                 self._sync()                                              # 4. sync weights to the engine
                 row = self._record(update, ray.get(metrics))
                 view.update(row)

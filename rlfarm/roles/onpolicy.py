@@ -47,6 +47,13 @@ class EngineRole:
         self.engine.update_weights(ray.get(box[0]), version)
         return version
 
+    def sleep(self) -> None:
+        """Colocated: give the GPU memory (weights, KV cache) back while the learner updates."""
+        self.engine.sleep()
+
+    def wake(self) -> None:
+        self.engine.wake()
+
 
 class ScorerRole:
     """The labeler of the on-policy family: a rule verifier over decoded completions."""
