@@ -14,7 +14,8 @@ log = logging.getLogger("rlfarm")
 ONPOLICY_COLUMNS = (
     ("updates", "updates", "{:,.0f}"), ("samples_per_s", "samples/s", "{:,.0f}"), ("reward", "reward", "{:.3f}"),
     ("reward_mean", "reward (last 10)", "{:.3f}"), ("kept_groups", "kept groups", "{:.2f}"),
-    ("entropy", "entropy", "{:.2f}"), ("wall_s", "wall s", "{:,.0f}"),
+    ("entropy", "entropy", "{:.2f}"), ("generated_tokens_per_s", "gen tok/s", "{:,.0f}"),
+    ("step_s", "step s", "{:.2f}"), ("sync_s", "sync s", "{:.3f}"), ("wall_s", "wall s", "{:,.0f}"),
 )
 PPO_COLUMNS = (
     ("env_steps", "env steps", "{:,.0f}"), ("env_steps_per_s", "env steps/s", "{:,.0f}"), ("updates", "updates", "{:,.0f}"),
