@@ -2,17 +2,20 @@
 decoding loop of our own (not `model.generate`), so the log-probability of each sampled token is computed
 from the very logits it was sampled from (see `rlfarm.engines.base` for the convention).
 
-Sampling draws Exp(1) noise and takes argmax p_i / E_i (the exponential race, as vLLM does), which picks
-token i with probability p_i without the host sync of `torch.multinomial`. End of sequence is tracked on
-the device; the host looks at it only every `stop_check_every` steps to stop early.
+Llama-family models (llama, qwen2, qwen3) decode through `StaticDecoder`: a preallocated KV cache and, on
+CUDA, one CUDA graph per decode step. Any other causal LM decodes through its own forward with a
+`DynamicCache` (slower, same results). Sampling (`rlfarm.engines.sampling`) needs no host sync; end of
+sequence is tracked on the device and the host looks at it only every `stop_check_every` steps.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from rlfarm.engines import static_decoder
 from rlfarm.engines.base import Engine, Rollout
-from rlfarm.models.lm import cache_kwarg, position_ids_from_mask, tempered_log_softmax
+from rlfarm.engines.sampling import nucleus_filter, sample_tokens  # noqa: F401 (part of this module's API)
+from rlfarm.models.lm import cache_kwarg, position_ids_from_mask
 
 
 def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device | str = "cpu"
@@ -28,49 +31,55 @@ def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device | str
     return ids.to(device), mask.to(device)
 
 
-def nucleus_filter(logp: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Set to −inf the log-probs outside the smallest set of top tokens whose mass reaches top_p. [N, V]."""
-    sorted_logp, order = logp.sort(dim=-1, descending=True)
-    sorted_p = sorted_logp.exp()
-    outside_sorted = sorted_p.cumsum(dim=-1) - sorted_p >= top_p  # mass before it already reaches top_p
-    outside = torch.zeros_like(outside_sorted).scatter(-1, order, outside_sorted)
-    return logp.masked_fill(outside, float("-inf"))
-
-
-def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
-                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token [N], its log-prob [N]) from logits [N, V]. Temperature 0 is greedy, with log-probs at
-    temperature 1; otherwise the log-prob is under softmax(logits / temperature) before nucleus filtering."""
-    logp = tempered_log_softmax(logits, temperature if temperature > 0 else 1.0)
-    if temperature == 0:
-        token = logp.argmax(dim=-1)
-    else:
-        sampling_logp = nucleus_filter(logp, top_p) if top_p < 1.0 else logp
-        race = torch.empty_like(logp).exponential_(generator=generator)
-        token = (sampling_logp - race.log()).argmax(dim=-1)
-    return token, logp.gather(-1, token.unsqueeze(-1)).squeeze(-1)
-
-
 class HFEngine(Engine):
-    """Generates with its own copy of the policy; `update_weights` copies new tensors into it in place."""
+    """Generates with its own copy of the policy; `update_weights` copies new tensors into it in place.
+
+    decoder: "auto" (the static decoder when the model is Llama-family, else the HF-cache loop), "static"
+    or "hf". cuda_graphs: capture the static decoder's step on CUDA. compile: torch.compile that step
+    before capture (fewer, fused kernels; each new batch shape compiles again).
+    """
 
     def __init__(self, model: nn.Module, pad_id: int, device: torch.device | str = "cpu", seed: int = 0,
-                 stop_check_every: int = 4):
+                 stop_check_every: int = 4, decoder: str = "auto", cuda_graphs: bool = True,
+                 compile: bool = False):
+        if decoder not in ("auto", "static", "hf"):
+            raise ValueError(f"decoder must be auto, static or hf, got {decoder!r}")
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.pad_id, self.stop_check_every = pad_id, stop_check_every
         self.weight_version = 0
         self._cache_kwarg = cache_kwarg(model)
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        use_static = decoder == "static" or (decoder == "auto" and static_decoder.supports(self.model))
+        self._static = (static_decoder.StaticDecoder(self.model, pad_id, self._generator, cuda_graphs=cuda_graphs,
+                                                     compile=compile) if use_static else None)
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, eos_id: int | None = None) -> Rollout:
         if max_new_tokens < 1 or n < 1:
             raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got n={n}, max_new_tokens={max_new_tokens}")
+        prompt, prompt_mask = left_pad([list(p) for p in prompt_ids], self.pad_id, self.device)
+        if self._static is not None:
+            sampling = static_decoder.Sampling(float(temperature), float(top_p), eos_id)
+            tokens, logprobs, generated = self._static.generate(prompt, prompt_mask, n, max_new_tokens, sampling,
+                                                                self.stop_check_every)
+        else:
+            tokens, logprobs, generated = self._generate_with_hf_cache(
+                prompt.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0), max_new_tokens,
+                temperature, top_p, eos_id)
+        return Rollout(prompt_ids=prompt.repeat_interleave(n, dim=0).cpu(),
+                       prompt_mask=prompt_mask.repeat_interleave(n, dim=0).cpu(),
+                       response_ids=tokens.cpu(), response_mask=generated.long().cpu(), logprobs=logprobs.cpu(),
+                       group_size=n, temperature=temperature if temperature > 0 else 1.0,
+                       weight_version=self.weight_version)
+
+    def _generate_with_hf_cache(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
+                                temperature: float, top_p: float, eos_id: int | None
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Any causal LM: its own forward with a DynamicCache, one step at a time."""
         from transformers import DynamicCache
 
-        prompt, prompt_mask = left_pad([list(p) for p in prompt_ids for _ in range(n)], self.pad_id, self.device)
         samples, prompt_len = prompt.shape
         attention = torch.zeros((samples, prompt_len + max_new_tokens), dtype=torch.long, device=self.device)
         attention[:, :prompt_len] = prompt_mask
@@ -96,11 +105,7 @@ class HFEngine(Engine):
             attention[:, prompt_len + t] = generated[:, t]
             logits = self._next_logits(tokens[:, t:t + 1], attention[:, :prompt_len + t + 1],
                                        first_position + t, cache)
-
-        return Rollout(prompt_ids=prompt.cpu(), prompt_mask=prompt_mask.cpu(),
-                       response_ids=tokens[:, :steps].cpu(), response_mask=generated[:, :steps].long().cpu(),
-                       logprobs=logprobs[:, :steps].cpu(), group_size=n,
-                       temperature=temperature if temperature > 0 else 1.0, weight_version=self.weight_version)
+        return tokens[:, :steps], logprobs[:, :steps], generated[:, :steps]
 
     def _next_logits(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
         output = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -113,11 +118,13 @@ class HFEngine(Engine):
         unknown = [name for name in state_dict if name not in own]
         if unknown:
             raise KeyError(f"engine model has no tensor {unknown[0]!r} ({len(unknown)} unknown names)")
-        for name, tensor in state_dict.items():
-            own[name].copy_(tensor)
+        if state_dict:  # one multi-tensor copy instead of a kernel launch per tensor
+            torch._foreach_copy_([own[name] for name in state_dict], list(state_dict.values()))
         self.weight_version = version
 
     def sleep(self) -> None:
+        if self._static is not None:
+            self._static.release()  # the graphs point at the memory given back below
         self.model.to("cpu")
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -1,6 +1,7 @@
 """On-policy driver (GRPO): generate → score → update → sync, synchronously, each stage in its own role.
-Only object refs pass through here: the rollout goes engine → scorer and engine → learner, the weights
-learner → engine, straight through the object store."""
+Only object refs pass through here: the rollout goes engine → scorer and engine → learner; the weights go
+learner → engine through the object store, or, when both roles hold a GPU, by NCCL broadcast between them
+(`algo.weight_sync`: auto | object_store | broadcast; auto picks broadcast for GPU roles)."""
 from __future__ import annotations
 
 import logging
@@ -12,6 +13,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.algos.grpo_trainer import GRPOConfig
+from rlfarm.errors import ConfigError
 from rlfarm.roles.onpolicy import EngineRole, PolicyLearner, ScorerRole
 from rlfarm.run import Run
 from rlfarm.telemetry.live import LiveView
@@ -19,6 +21,7 @@ from rlfarm.topology import PlacedTopology
 
 log = logging.getLogger("rlfarm")
 REWARD_WINDOW = 10  # summary reward_mean: mean over the last 10 updates
+STAGE_KEYS = ("generate_s", "score_update_s", "sync_s", "step_s", "generated_tokens_per_s")  # medians in the summary
 
 
 def grpo_config(cfg: DictConfig) -> GRPOConfig:
@@ -42,7 +45,10 @@ class OnPolicyLoop:
         self.scorer = ray.remote(ScorerRole).options(**placed.options(scorer)).remote(grpo)
         # Colocated (engine and learner on the same GPU): the engine sleeps while the learner trains.
         self.time_share = engine.gpus > 0 and (engine.pool, engine.bundle) == (learner.pool, learner.bundle)
+        self.weight_sync = self._open_weight_sync(str(cfg.algo.get("weight_sync", "auto")))
         self.rewards: deque[float] = deque(maxlen=REWARD_WINDOW)
+        self.stage_times: dict[str, list[float]] = {key: [] for key in STAGE_KEYS}
+        self.staleness_max = 0
         self.started = time.monotonic()
         self.samples = 0
 
@@ -54,29 +60,62 @@ class OnPolicyLoop:
         with LiveView(f"rlfarm · grpo · {self.cfg.env.task} · {self.cfg.topology.name}", self.cfg.run.live,
                       columns="onpolicy") as view:
             for update in range(1, total + 1):
-                generated = self.engine.generate.remote()                 # 1. generate
-                rewards = self.scorer.score.remote(generated)             # 2. score (labeler)
-                if self.time_share:
-                    ray.get(self.engine.sleep.remote())
-                metrics = self.learner.update.remote(generated, rewards)  # 3. advantages + update
-                if self.time_share:
-                    ray.wait([metrics])
-                    ray.get(self.engine.wake.remote())
-                self._sync()                                              # 4. sync weights to the engine
-                row = self._record(update, ray.get(metrics))
+                row = self._record(update, self._step())
                 view.update(row)
                 if self._done(row, target):
                     break
+        stages = {key: round(float(np.median(self.stage_times[key])), 4) for key in self.stage_times}
         return {"updates": row["updates"], "reward_mean": row["reward_mean"], "samples": self.samples,
+                "median": stages, "policy_staleness_max": self.staleness_max,
                 "wall_s": round(time.monotonic() - self.started, 2), "target_reward": target,
                 "reached_target": bool(target is not None and row["reward_mean"] >= target)}
 
+    def _open_weight_sync(self, choice: str) -> str:
+        if choice not in ("auto", "object_store", "broadcast"):
+            raise ConfigError(f"algo.weight_sync must be auto, object_store or broadcast, got {choice!r}",
+                              "set +algo.weight_sync=auto|object_store|broadcast")
+        if choice == "auto":
+            devices = ray.get([self.learner.device.remote(), self.engine.device.remote()])
+            choice = "broadcast" if all(device.startswith("cuda") for device in devices) else "object_store"
+        if choice == "broadcast":
+            address = ray.get(self.learner.open_weight_sync.remote(2))
+            ray.get([self.learner.join_weight_sync.remote(2), self.engine.join_weight_sync.remote(address, 1, 2)])
+        log.info("weight sync learner → engine: %s", choice)
+        return choice
+
+    def _step(self) -> dict:
+        """One synchronous cycle; the learner's metrics plus each stage's wall time."""
+        started = time.monotonic()
+        generated = self.engine.generate.remote()                               # 1. generate
+        ray.wait([generated], fetch_local=False)
+        generated_at = time.monotonic()
+        rewards = self.scorer.score.remote(generated)                           # 2. score (labeler)
+        if self.time_share:  # colocated: the engine frees the GPU while the learner trains
+            ray.get(self.engine.sleep.remote())
+        metrics = ray.get(self.learner.update.remote(generated, rewards))       # 3. advantages + update
+        updated_at = time.monotonic()
+        if self.time_share:
+            ray.get(self.engine.wake.remote())
+        self._sync()                                                            # 4. weights → engine
+        synced_at = time.monotonic()
+        tokens = metrics["response_len"] * int(self.cfg.algo.prompts_per_step) * int(self.cfg.algo.group_size)
+        return metrics | {"generate_s": generated_at - started, "score_update_s": updated_at - generated_at,
+                          "sync_s": synced_at - updated_at, "step_s": synced_at - started,
+                          "generated_tokens_per_s": tokens / max(generated_at - started, 1e-9)}
+
     def _sync(self) -> None:
+        if self.weight_sync == "broadcast":  # both calls run at once: they meet in the broadcast
+            version = self.learner.broadcast_weights.remote()
+            ray.get(self.engine.receive_weights.remote([version]))
+            return
         box, version = ray.get(self.learner.publish.remote())
         ray.get(self.engine.update_weights.remote(box, version))
 
     def _record(self, update: int, metrics: dict) -> dict:
         self.rewards.append(metrics["reward"])
+        for key in STAGE_KEYS:
+            self.stage_times[key].append(metrics[key])
+        self.staleness_max = max(self.staleness_max, int(metrics["staleness"]))
         self.samples += int(self.cfg.algo.prompts_per_step) * int(self.cfg.algo.group_size)
         wall = time.monotonic() - self.started
         row = {"updates": update, "samples": self.samples, "wall_s": round(wall, 3),

@@ -1,6 +1,11 @@
 """On-policy roles for LLM policies: an Engine role generates, a Scorer (the labeler of this family) turns
 completions into rewards, and a PolicyLearner updates and publishes weights. Each wraps the pure stages of
-`rlfarm.algos.grpo_trainer`, so the single-process reference trainer and the Ray loop run the same code."""
+`rlfarm.algos.grpo_trainer`, so the single-process reference trainer and the Ray loop run the same code.
+
+Weights reach the engine one of two ways (`rlfarm.sync`): through the object store (`publish` →
+`update_weights`: CPU copies, what CPU roles use), or by broadcast over a process group of the learner and
+the engine (`open_weight_sync` / `join_weight_sync`, then `broadcast_weights` → `receive_weights`: NCCL
+between GPUs, the tensors never touch the host)."""
 from __future__ import annotations
 
 import copy
@@ -17,6 +22,10 @@ from rlfarm.envs.text_tasks import DigitTask
 from rlfarm.models.lm import causal_lm, trainable_state_dict
 from rlfarm.rewards.verifiers import get_verifier
 from rlfarm.roles.common import assigned_device, limit_threads
+from rlfarm.sync import (BroadcastReceiver, BroadcastSender, HostSender, join_group, load_into, plan_layout,
+                         serve_rendezvous)
+
+SYNC_BUCKET_BYTES = 64 * 2**20  # broadcast buckets: large enough for full-speed NCCL, small enough to pipeline
 
 
 def _policy(cfg: GRPOConfig, vocab_size: int) -> torch.nn.Module:
@@ -46,6 +55,20 @@ class EngineRole:
         """`box` = [ref] so Ray hands over the ref, and the weights are fetched here, once."""
         self.engine.update_weights(ray.get(box[0]), version)
         return version
+
+    def device(self) -> str:
+        return str(self.engine.device)
+
+    def join_weight_sync(self, address: str, rank: int, world_size: int) -> None:
+        """Join the learner's sync group (called while the learner joins it too)."""
+        self._receiver = BroadcastReceiver(join_group(address, rank, world_size, self.engine.device))
+
+    def receive_weights(self, box: list) -> int:
+        """Load what the learner's `broadcast_weights` is sending; `box` = [ref of its version], read after
+        the tensors arrived (a ref passed bare would make Ray wait for the learner before this call starts)."""
+        load_into(self.engine, self._receiver, None, self.engine.weight_version)
+        self.engine.weight_version = int(ray.get(box[0]))
+        return self.engine.weight_version
 
     def sleep(self) -> None:
         """Colocated: give the GPU memory (weights, KV cache) back while the learner updates."""
@@ -82,7 +105,25 @@ class PolicyLearner:
 
     def publish(self) -> tuple[list, int]:
         self.version += 1
-        return [ray.put({k: v.cpu() for k, v in trainable_state_dict(self.model).items()})], self.version
+        return [ray.put(HostSender().send(trainable_state_dict(self.model)))], self.version
+
+    def device(self) -> str:
+        return str(self.cfg.device)
+
+    def open_weight_sync(self, world_size: int) -> str:
+        """Start the sync group's rendezvous here (rank 0); returns the address the engines join."""
+        self._rendezvous = serve_rendezvous(world_size, host=ray.util.get_node_ip_address())
+        return f"{ray.util.get_node_ip_address()}:{self._rendezvous.port}"
+
+    def join_weight_sync(self, world_size: int) -> None:
+        group = join_group(self._rendezvous, 0, world_size, self.cfg.device)
+        self._sender = BroadcastSender(group, plan_layout(trainable_state_dict(self.model), SYNC_BUCKET_BYTES))
+
+    def broadcast_weights(self) -> int:
+        """Send the trainable tensors to every engine of the sync group; returns their version."""
+        self.version += 1
+        self._sender.send(trainable_state_dict(self.model))
+        return self.version
 
     def update(self, generated: tuple[Rollout, list[str]], rewards: np.ndarray) -> dict:
         rollout, _ = generated
