@@ -144,7 +144,11 @@ ENV_REWARD = "rlfarm.rewards.env.EnvReward"
 
 
 def check_ppo(cfg: DictConfig) -> None:
-    """PPO on gymnasium envs: its own keys, the env, and the two choices it cannot take from another family."""
+    """PPO on gymnasium envs: the env, its own keys, and the two choices it cannot take from another family."""
+    if OmegaConf.select(cfg, "env.task", default=None) is not None:
+        raise ConfigError(f"algo={cfg.algo.name} runs on gymnasium envs, but env.id={cfg.env.id} is a text task",
+                          "pick env=cartpole|pendulum|halfcheetah, or algo=grpo for text tasks")
+    check_env_id(str(cfg.env.id))
     for key in ("algo.rollout_steps", "algo.epochs", "algo.minibatches", "env.num_envs"):
         _positive(cfg, key, int)
     for key in ("algo.lr", "algo.clip_eps", "algo.max_grad_norm"):
@@ -174,7 +178,6 @@ def check_ppo(cfg: DictConfig) -> None:
         raise ConfigError(f"algo={cfg.algo.name} needs one actor-critic network in model.actor, "
                           f"not {'a language model' if 'actor' not in cfg.model else 'an actor with separate critics'}",
                           "use model=actor_critic")
-    check_env_id(str(cfg.env.id))
 
 
 def check_env_id(env_id: str) -> None:

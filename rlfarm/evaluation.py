@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rlfarm.envs.spaces import policy_dims
 from rlfarm.envs.vector import VectorEnv
 from rlfarm.errors import RlfarmError
 
@@ -104,10 +105,9 @@ def load_trained_run(run_dir: str | Path, checkpoint: str = "latest") -> Trained
 def build_actor(cfg: DictConfig, actor_state: dict, env_cfg: DictConfig) -> torch.nn.Module:
     """The run's actor network with its trained weights, for the env's spaces."""
     env = VectorEnv(env_cfg.id, 1, 0, None, env_kwargs(env_cfg))
-    obs_space, act_space = env.single_observation_space, env.single_action_space
+    dims = policy_dims(env.single_observation_space, env.single_action_space)  # Box or Discrete actions
     env.close()
-    actor = instantiate(cfg.model.actor)(int(np.prod(obs_space.shape)), int(np.prod(act_space.shape)),
-                                         act_space.low.astype(np.float32), act_space.high.astype(np.float32))
+    actor = instantiate(cfg.model.actor)(dims["obs_dim"], dims["act_dim"], dims["action_low"], dims["action_high"])
     actor.load_state_dict(actor_state)
     return actor.eval()
 

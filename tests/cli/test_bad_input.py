@@ -92,6 +92,21 @@ CASES = [
     pytest.param(["train", "-m", "seed=1,2", "hydra.sweep.dir=/proc/forbidden"],
                  "cannot create hydra.sweep.dir=/proc/forbidden", id="sweep-dir-unwritable"),
     pytest.param(["train", "resume=/not/a/run_dir"], "/not/a/run_dir", id="resume-not-a-run-dir"),
+    # PPO on gymnasium envs (the onpolicy_env family): choices it cannot take, and its own keys
+    pytest.param(["train", "algo=ppo", "reward=model"], "algo=ppo learns from the env's own reward",
+                 id="ppo-with-a-reward-model"),
+    pytest.param(["train", "algo=ppo", "model=mlp"], "algo=ppo needs one actor-critic network in model.actor",
+                 id="ppo-with-sac-networks"),
+    pytest.param(["train", "algo=ppo", "env=digits"], "algo=ppo runs on gymnasium envs, but env.id=digits is a text",
+                 id="ppo-on-a-text-task"),
+    pytest.param(["train", "algo=ppo", "topology=local_llm"], "topology 'local_llm' has no role 'env_runner'",
+                 id="ppo-topology-without-runners"),
+    pytest.param(["train", "algo=ppo", "algo.epochs=0"], "algo.epochs must be > 0, got 0", id="ppo-epochs-zero"),
+    pytest.param(["train", "algo=ppo", "algo.gamma=1.5"], "algo.gamma must be in [0, 1], got 1.5", id="ppo-gamma-above-1"),
+    pytest.param(["train", "algo=ppo", "algo.minibatches=1000"], "more than the 32 transitions a runner collects",
+                 id="ppo-more-minibatches-than-samples"),
+    pytest.param(["train", "algo=ppo", "algo.target_return=high"], "algo.target_return must be a number or null",
+                 id="ppo-target-a-word"),
 ]
 
 

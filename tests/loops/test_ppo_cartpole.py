@@ -1,0 +1,93 @@
+"""`rlfarm train algo=ppo`: PPO on gymnasium envs through the spine (rollout runners → learner → weights back),
+run as a user runs it, in a subprocess."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from rlfarm.config import compose
+from rlfarm.evaluation import build_actor, load_trained_run, play_episode
+from rlfarm.topology import plan_topology
+from helpers import ENV, rlfarm
+
+
+def read_rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_ppo_learns_cartpole_to_400_within_300k_env_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    out = rlfarm("train", "algo=ppo", "env=cartpole", "total_env_steps=300000", "algo.target_return=400",
+                 f"hydra.run.dir={run_dir}", "run.live=false", "logger=none", timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["episode_return_mean"] >= 400 and summary["reached_target"], summary
+    assert summary["env_steps"] <= 300_000
+    rows = read_rows(run_dir)
+    assert rows[0]["episode_return_mean"] is None or rows[0]["episode_return_mean"] < 100  # started near chance (~22)
+    assert all(row["staleness"] == 0 for row in rows)  # synchronous: every rollout came from the newest weights
+    # The final checkpoint plays through `rlfarm eval` (greedy actions).
+    played = rlfarm("eval", f"run_dir={run_dir}", "episodes=3", "video=false", timeout=300)
+    assert played.returncode == 0, played.stderr[-3000:]
+    assert json.loads((run_dir / "eval" / "returns.json").read_text())["return_mean"] >= 300
+
+
+def test_ppo_runs_on_pendulum_end_to_end_and_its_checkpoint_plays(tmp_path):
+    """Continuous actions (Gaussian policy): a short run writes a complete run directory, stops exactly at its
+    step budget (the last rollout is cut short), and its final.pt plays as `rlfarm eval` plays it."""
+    run_dir = tmp_path / "run"
+    out = rlfarm("train", "algo=ppo", "env=pendulum", "total_env_steps=600", "env.num_envs=2", "algo.epochs=2",
+                 f"hydra.run.dir={run_dir}", "run.live=false", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] == 600 and summary["updates"] == 10  # 9 cycles of 2 × 32 steps, then 2 × 12
+    assert summary["episodes"] == 2 and -2000 < summary["episode_return_mean"] < 0  # one 200-step episode per env
+    rows = read_rows(run_dir)
+    assert [row["env_steps"] for row in rows] == [64 * i for i in range(1, 10)] + [600]
+    assert all(row["staleness"] == 0 and row["policy_version"] == row["updates"] for row in rows)
+    assert all(row["value_loss"] > 0 and row["entropy"] > 0 for row in rows)
+    assert list((run_dir / "tb").glob("events.*"))
+    state = torch.load(run_dir / "checkpoints" / "final.pt", weights_only=True)
+    assert state["updates"] == 10 and "log_std" in state["agent"]["actor"]
+    # what `rlfarm eval` does with it (the CLI itself is run on the CartPole run, in the slow test)
+    run = load_trained_run(run_dir, "final")
+    episode = play_episode(build_actor(run.cfg, run.state["agent"]["actor"], run.cfg.env), run.cfg.env, seed=0)
+    assert episode.length == 200 and -2000 < episode.episode_return < 0
+
+
+def test_ppo_places_a_learner_and_env_runners_but_no_labeler():
+    """The on-policy env family takes the env's own reward: a topology's labelers are not started for it."""
+    cfg = compose("train", ["algo=ppo", "env=cartpole", "topology=local"])
+    assert cfg.algo.family == "onpolicy_env" and cfg.model.actor._target_.endswith("ActorCritic")
+    plan = plan_topology(cfg.topology, cfg.algo.family)
+    assert sorted(p.role for p in plan.placements) == ["env_runner", "learner"]
+    assert compose("train", ["algo=ppo"]).topology.name == "local_ppo"  # its own default: one learner thread
+
+
+@pytest.mark.slow
+def test_ppo_sigterm_checkpoints_then_resume_auto_finishes_the_same_cycles(tmp_path):
+    """Slurm's preemption path: SIGTERM → preempted.pt + exit 75 → resume=auto continues the counters."""
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "rlfarm.cli", "train", "algo=ppo", "env=pendulum", "total_env_steps=2000",
+            "env.num_envs=2", "algo.epochs=2", f"hydra.run.dir={run_dir}", "run.live=false", "logger=none"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    deadline = time.monotonic() + 240
+    while not ((run_dir / "metrics.jsonl").exists() and len(read_rows(run_dir)) >= 3) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode == 75, proc.stderr.read()[-2000:]
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "preempted"
+    stopped_at = torch.load(run_dir / "checkpoints" / "preempted.pt", weights_only=True)["updates"]
+    assert 3 <= stopped_at < 32
+
+    out = rlfarm(*args[3:], "resume=auto", timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] == 2000 and summary["updates"] == 32  # 31 cycles of 2 × 32 steps, then 2 × 8
+    assert [row["updates"] for row in read_rows(run_dir)] == list(range(1, 33))  # none lost, none repeated
