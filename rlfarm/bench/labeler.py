@@ -1,0 +1,166 @@
+"""`rlfarm bench labeler` (issue 4, P1): is the labeling farm as fast as its reward model called directly?
+
+A CLIP-style image tower (clip_factory shapes, random weights; bf16 + torch.compile on CUDA, as
+`reward=clip reward.compile=true` runs it) is measured three ways in one run, per shape:
+- direct: the reward model called on batches of `batch` frames preloaded in host memory (the baseline: the
+  same call a labeler makes, with nothing around it);
+- inline: one call per transition (batch 1), which is what labeling inside the env loop would cost;
+- farm: producer actors put chunks of frames in the object store → Labeler actors (bus of `batch` frames) →
+  the real Learner, which stores and acks them; img/s counted at the learner over a steady window.
+The producers are pre-rendered random frames, not envs, so they outrun the labelers (their own rate, against
+an instant ack, is the first row) and the figure is the farm's. The farm may span several GPUs: its row is
+per GPU, next to the direct figure of one GPU.
+"""
+from __future__ import annotations
+
+import gc
+import tempfile
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from rlfarm.bench.common import median_rate, sizes
+from rlfarm.bench.farm import (ChunkProducer, InstantAck, assigned_gpus, bench_ray, box_spaces, farm_topology,
+                               placed, start_learner, steady_window, sum_stats, wait_until)
+from rlfarm.config import CONF_DIR
+from rlfarm.rewards.clip_factory import SHAPES, save_random_clip
+from rlfarm.roles.labeler import Labeler
+from rlfarm.topology import plan_topology
+from rlfarm.telemetry.gpu_busy import GpuBusySampler, nvml_available
+
+OBS_DIM, ACT_DIM = 8, 2  # what the learner stores beside the frames: small, as for a MuJoCo task
+
+
+def run(cfg: DictConfig, device: str) -> list[dict]:
+    size = sizes(cfg, device)
+    gpus = reward_gpus(size, device)
+    labelers = gpus * int(size.labelers_per_gpu) if gpus else int(size.get("labelers", 1))
+    topology = farm_topology("bench-labeler", runners=int(size.producers), labelers=labelers,
+                             labeler_gpus=1 / int(size.labelers_per_gpu) if gpus else 0.0, cpus=float(size.cpus_per_actor))
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="rlfarm-bench-clip-") as models, \
+            bench_ray(plan_topology(topology, "offpolicy"), device):
+        frame = image_size(size.shapes[0])
+        rows.append(producers_alone(size, topology, frame))
+        for shape in size.shapes:
+            reward_cfg = clip_reward_cfg(cfg, save_random_clip(Path(models) / shape, shape), shape, size, device)
+            inline, direct = direct_and_inline(reward_cfg, size, device)
+            farm = farm_rate(reward_cfg, size, topology, image_size(shape))
+            per_gpu = farm["img_per_s"] / max(gpus, 1)
+            rows += [
+                {"case": f"{shape} inline b1", "value": inline, "unit": "img/s", "baseline": None, "batch": 1},
+                {"case": f"{shape} direct b{size.batch}", "value": direct, "unit": "img/s",
+                 "baseline": f"{shape} inline b1", "batch": int(size.batch)},
+                {"case": f"{shape} farm per GPU", "value": per_gpu, "unit": "img/s",
+                 "baseline": f"{shape} direct b{size.batch}", "batch": int(size.batch), "gpus": gpus,
+                 "labelers": labelers, "farm_img_per_s": farm["img_per_s"], "vs_inline": per_gpu / inline,
+                 **{k: v for k, v in farm.items() if k != "img_per_s"}},
+            ]
+    return rows
+
+
+def reward_gpus(size: DictConfig, device: str) -> int:
+    """GPUs the farm uses: `gpus` of them (null: every visible one); none on cpu."""
+    if device != "cuda":
+        return 0
+    visible = torch.cuda.device_count()
+    return visible if size.gpus is None else min(int(size.gpus), visible)
+
+
+def image_size(shape: str) -> int:
+    return int(SHAPES[shape][0]["image_size"])
+
+
+def clip_reward_cfg(cfg: DictConfig, model: Path, shape: str, size: DictConfig, device: str) -> dict:
+    """conf/reward/clip.yaml for this model, frames at its input size (no resize), compiled on CUDA."""
+    reward = OmegaConf.load(CONF_DIR / "reward" / "clip.yaml")
+    reward.model, reward.frame_size, reward.max_batch = str(model), image_size(shape), int(size.batch)
+    reward.dtype, reward.compile = cfg.dtype, bool(cfg.compile) and device == "cuda"
+    return OmegaConf.to_container(reward, resolve=True)
+
+
+def frames(n: int, side: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(n, side, side, 3), dtype=np.uint8)
+
+
+def direct_and_inline(reward_cfg: dict, size: DictConfig, device: str) -> tuple[float, float]:
+    """(inline img/s at batch 1, direct img/s at batch `size.batch`) of one model in this process."""
+    model = instantiate(reward_cfg)
+    model.setup("cuda:0" if device == "cuda" else "cpu")
+    batch = {"frames": frames(int(size.batch), reward_cfg["frame_size"])}
+    calls = int(size.direct_batches)
+    direct = median_rate(lambda: [model(batch) for _ in range(calls)], calls * int(size.batch), device,
+                         repeats=int(size.repeats))
+    singles = [{"frames": batch["frames"][i:i + 1]} for i in range(int(size.inline_frames))]
+    inline = median_rate(lambda: [model(one) for one in singles], len(singles), device, repeats=int(size.repeats))
+    del model
+    release_gpu_memory(device)
+    return inline, direct
+
+
+def release_gpu_memory(device: str) -> None:
+    """Free what the direct measurement held on GPU 0 before the farm's labelers use it."""
+    if device == "cuda":
+        torch._dynamo.reset()
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def chunk_fields(side: int) -> dict:
+    return {"frames": ([side, side, 3], "uint8"), "obs": ([OBS_DIM], "float32"), "next_obs": ([OBS_DIM], "float32"),
+            "action": ([ACT_DIM], "float32"), "terminated": ([], "bool"), "truncated": ([], "bool")}
+
+
+def start_producers(phase, plan, size: DictConfig, side: int) -> list:
+    return [phase.start(ChunkProducer, p, p.index, chunk_fields(side), int(size.chunk_frames), int(size.credits))
+            for p in plan.of("env_runner")]
+
+
+def producers_alone(size: DictConfig, topology: dict, side: int) -> dict:
+    """The producers against a sink that acks at once: what they could feed the farm at most."""
+    with placed(topology) as (plan, phase):
+        producers = start_producers(phase, plan, size, side)
+        sink = phase.start(InstantAck, plan.of("learner")[0])
+        ray.get([sink.set_runners.remote(producers)] + [p.set_labelers.remote([sink]) for p in producers])
+        for producer in producers:
+            producer.run.remote()
+        wait_until(lambda: sum_stats([sink], "received") > 0, float(size.ready_timeout_s), "a first chunk")
+        window = steady_window(lambda: {"received": sum_stats([sink], "received")}, float(size.warmup_s),
+                               float(size.window_s), int(size.repeats))
+    return {"case": "producers alone", "value": window.median_rate("received"), "unit": "frames/s",
+            "baseline": None, "producers": len(producers), "chunk_frames": int(size.chunk_frames), "frame": side}
+
+
+def farm_rate(reward_cfg: dict, size: DictConfig, topology: dict, side: int) -> dict:
+    """Producers → Labelers (the real role, bus of `size.batch`) → the real Learner; img/s stored."""
+    with placed(topology) as (plan, phase):
+        labelers = [phase.start(Labeler, p, p.index, reward_cfg, int(size.batch), float(size.bus_timeout_s),
+                                p.threads) for p in plan.of("labeler")]
+        learner = start_learner(phase, plan, box_spaces(OBS_DIM, ACT_DIM))
+        producers = start_producers(phase, plan, size, side)
+        ray.get([learner.set_runners.remote(producers)] + [p.set_labelers.remote(labelers) for p in producers]
+                + [l.set_learner.remote(learner) for l in labelers])
+        learner.run.remote()
+        for actor in (*labelers, *producers):
+            actor.run.remote()
+        # Each labeler's first buses pay model loading and compilation: measure after two of them.
+        wait_until(lambda: all(s["batches"] >= 2 for s in ray.get([l.stats.remote() for l in labelers])),
+                   float(size.ready_timeout_s), "two buses labeled by every labeler")
+        gpus = sorted({g for l in labelers for g in assigned_gpus(l)})
+
+        def read() -> dict:
+            return {"stored": ray.get(learner.stats.remote())["stored"], "busy_s": sum_stats(labelers, "busy_s")}
+
+        sampler = GpuBusySampler(gpus) if gpus and nvml_available() else None
+        with sampler or nullcontext():
+            window = steady_window(read, float(size.warmup_s), float(size.window_s), int(size.repeats))
+    result = {"img_per_s": window.median_rate("stored"), "farm_mean_img_per_s": window.mean_rate("stored"),
+              "labeler_busy": window.mean_rate("busy_s") / len(labelers)}
+    if sampler:
+        result["gpu_busy_percent"] = {str(g): round(p, 1) for g, p in sampler.mean_percent().items()}
+    return result
