@@ -3,17 +3,19 @@
 Rows per case (observation/action sizes): `eager` is SACAgent.update(buffer.sample()) — one update at a time,
 as the learner role runs it — and is the baseline; every fast row (rlfarm/algos/sac_graph.py: sampling,
 critic, actor, temperature, Adam and Polyak of several updates captured in one CUDA graph, optionally
-compiled) is measured next to it on the same agent and the same buffer. With `profile`, each row also gets
+compiled) is measured next to it on an identical agent (same seed) and the same buffer. With `profile`, each row also gets
 the number of GPU kernels and the GPU busy time per update (torch.profiler), which says what the time goes to.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import logging
 import time
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.algos.sac import SACAgent
 from rlfarm.algos.sac_graph import GraphedSACUpdates, SACStep, replay_draw
@@ -33,9 +35,18 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
     if device == "cpu":
         # As the learner role does (threads: 1): on a shared 2-core machine more threads mostly wait on each other.
         torch.set_num_threads(int(cfg.cpu_threads))
-    rows = []
+    # Every compiled variant of every case is another entry in dynamo's per-function cache (Adam.step is one
+    # function for all optimizers): the default limit of 8 would silently send later variants back to eager.
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    rows, profiles = [], []
     for case, dims in cfg.cases.items():
-        rows += measure_case(str(case), int(dims.obs_dim), int(dims.act_dim), size, int(cfg.seed), device)
+        case_rows, case_profiles = measure_case(str(case), int(dims.obs_dim), int(dims.act_dim), size,
+                                                int(cfg.seed), device)
+        rows += case_rows
+        profiles += case_profiles
+    # Profiling last: a profiler session can leave tracing hooks behind that would slow the timed rows.
+    for row, work, updates in profiles if size.profile else []:
+        row.update(kernel_profile(work, updates, device))
     return rows
 
 
@@ -58,58 +69,100 @@ def filled_buffer(obs_dim: int, act_dim: int, rows: int, batch_size: int, seed: 
     return buffer
 
 
-def measure_case(case: str, obs_dim: int, act_dim: int, size: DictConfig, seed: int, device: str) -> list[dict]:
+def measure_case(case: str, obs_dim: int, act_dim: int, size: DictConfig, seed: int,
+                 device: str) -> tuple[list[dict], list[tuple]]:
+    """(rows, [(row, work, updates per work() call)] to profile)."""
+    # Two identical agents: the fast path switches its agent's optimizers to capturable (and, compiled, to
+    # foreach) Adam, and the eager row's profile at the end must see the eager update as it was timed.
+    eager_agent = build_agent(obs_dim, act_dim, list(size.hidden), seed, device)
     agent = build_agent(obs_dim, act_dim, list(size.hidden), seed, device)
     buffer = filled_buffer(obs_dim, act_dim, int(size.buffer_rows), int(size.batch_size), seed, device)
     common = {"batch": int(size.batch_size), "hidden": "×".join(map(str, size.hidden)),
               "obs_dim": obs_dim, "act_dim": act_dim}
     eager_case = f"{case}/eager"
     # An even count keeps the agent at a multiple of policy_frequency for the fast path that follows.
-    eager_updates = max(agent.policy_frequency, int(size.eager_updates) // agent.policy_frequency * agent.policy_frequency)
+    eager_updates = int(size.eager_updates)
 
     def eager() -> None:
         for _ in range(eager_updates):
-            agent.update(buffer.sample())
+            eager_agent.update(buffer.sample())
+
+    def eager_pair() -> None:  # one update with the actor's steps, one without
+        for _ in range(eager_agent.policy_frequency):
+            eager_agent.update(buffer.sample())
 
     rows = [{"case": eager_case, "value": median_rate(eager, eager_updates, device, int(size.repeats)),
-             "unit": UNIT, "baseline": None, **common,
-             **(kernel_profile(agent_update_once(agent, buffer), 1, device) if size.profile else {})}]
+             "unit": UNIT, "baseline": None, **common}]
+    profiles = [(rows[0], eager_pair, eager_agent.policy_frequency)]
     log.info("%s: %.0f updates/s", eager_case, rows[0]["value"])
     fill = torch.tensor(float(len(buffer)), dtype=torch.float64, device=device)
-    steps: dict[bool, SACStep] = {}  # one (compiled) step per setting: compiling it again would take as long
+    steps: dict[tuple, SACStep] = {}  # one (compiled) step per setting: compiling it again would take as long
     for variant in size.fast:
         name = f"{case}/{variant.case}"
+        compile_step = bool(variant.compile) and device != "cpu"
+        options = OmegaConf.to_container(variant.options) if compile_step and variant.get("options") else {}
+        compile_optimizers = compile_step and bool(variant.get("compile_optimizers", True))
+        tf32 = bool(variant.get("tf32", False)) and device != "cpu"
         try:
-            compile_step = bool(variant.compile) and device != "cpu"
-            step = steps.setdefault(compile_step, SACStep(agent, compile=compile_step))
-            per_call = int(variant.updates_per_call)
-            updates = GraphedSACUpdates(step, replay_draw(buffer.storage.fields, fill, int(size.batch_size), per_call, agent),
-                                        per_call)
-            started = time.perf_counter()
-            updates()  # capture (and compile): measured apart, as setup
-            synchronize(device)
-            setup_s = time.perf_counter() - started
-            calls = max(1, int(size.fast_updates) // per_call)
+            with tf32_matmuls(tf32):
+                key = (compile_step, compile_optimizers, json.dumps(options, sort_keys=True), tf32)
+                if key not in steps:
+                    steps[key] = SACStep(agent, compile=compile_step, compile_optimizers=compile_optimizers,
+                                         compile_options=options)
+                step = steps[key]
+                per_call = int(variant.updates_per_call)
+                updates = GraphedSACUpdates(step, replay_draw(buffer.storage.fields, fill, int(size.batch_size),
+                                                              per_call, agent), per_call)
+                started = time.perf_counter()
+                updates()  # capture (and compile): measured apart, as setup
+                synchronize(device)
+                setup_s = time.perf_counter() - started
+                calls = max(1, int(size.fast_updates) // per_call)
 
-            def fast() -> None:
-                for _ in range(calls):
-                    updates()
+                def fast() -> None:
+                    for _ in range(calls):
+                        updates()
 
-            row = {"case": name, "value": median_rate(fast, calls * per_call, device, int(size.repeats)),
-                   "unit": UNIT, "baseline": eager_case, **common, "updates_per_call": per_call,
-                   "graph": updates.graph, "compile": compile_step, "setup_s": round(setup_s, 2),
-                   **(kernel_profile(updates, per_call, device) if size.profile else {})}
+                value = median_rate(fast, calls * per_call, device, int(size.repeats))
+            row = {"case": name, "value": value, "unit": UNIT, "baseline": eager_case, **common,
+                   "updates_per_call": per_call, "graph": updates.graph,
+                   "compile": ("losses+optimizers" if compile_optimizers else "losses") if compile_step else "no",
+                   **({"options": ",".join(options)} if options else {}), **({"tf32": True} if tf32 else {}),
+                   "setup_s": round(setup_s, 2)}
+            profiles.append((row, updates, per_call))
         except Exception as error:  # one failing variant (e.g. a compiler problem) must not hide the others
             log.warning("%s failed: %s: %s", name, type(error).__name__, error, exc_info=True)
             row = {"case": name, "value": 0.0, "unit": UNIT, "baseline": eager_case, **common,
                    "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"}
         log.info("%s: %.0f updates/s", name, row["value"])
         rows.append(row)
-    return rows
+    return rows, profiles
 
 
-def agent_update_once(agent: SACAgent, buffer: ReplayBuffer):
-    return lambda: agent.update(buffer.sample())
+@contextlib.contextmanager
+def tf32_matmuls(enabled: bool):
+    """TF32 tensor cores for float32 matmuls inside the block (captured graphs keep the kernels chosen then).
+    Not the eager update's precision, so such rows do not meet the 1e-5 equality: they show what the GEMMs cost."""
+    if not enabled:
+        yield
+        return
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+# Kernel name fragments → what the time goes to (cuBLAS/CUTLASS matmuls, inductor's fused Triton kernels,
+# the fused Adam and foreach kernels of the optimizers and Polyak averaging).
+KERNEL_KINDS = (("gemm", ("gemm", "cutlass", "xmma", "gemv", "splitk", "sm90_", "sm80_")),
+                ("triton", ("triton",)), ("optim", ("adam", "foreach", "multi_tensor", "lerp")))
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(mark in lowered for mark in marks)), "other")
 
 
 def kernel_profile(work, updates: int, device: str) -> dict:
@@ -119,16 +172,24 @@ def kernel_profile(work, updates: int, device: str) -> dict:
         return {}
     from torch.profiler import ProfilerActivity, profile
 
-    work()
-    synchronize(device)
     calls = 2
-    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
-        for _ in range(calls):
-            work()
+    try:
+        work()
         synchronize(device)
+        with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+            for _ in range(calls):
+                work()
+            synchronize(device)
+    except Exception as error:  # the breakdown is extra: never lose the measured rows to it
+        log.warning("profiling failed: %s: %s", type(error).__name__, error)
+        return {}
     kernels = [e for e in profiler.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     if not kernels:
         return {}
-    busy_us = sum(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0) for e in kernels)
-    return {"kernels_per_update": round(len(kernels) / (calls * updates), 1),
-            "gpu_busy_us_per_update": round(busy_us / (calls * updates), 1)}
+    per_update = calls * updates
+    by_kind: dict[str, float] = {kind: 0.0 for kind, _ in KERNEL_KINDS} | {"other": 0.0}
+    for event in kernels:
+        by_kind[kernel_kind(event.name)] += getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+    return {"kernels_per_update": round(len(kernels) / per_update, 1),
+            "gpu_busy_us_per_update": round(sum(by_kind.values()) / per_update, 1),
+            **{f"{kind}_us": round(time_us / per_update, 1) for kind, time_us in by_kind.items()}}

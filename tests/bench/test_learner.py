@@ -11,6 +11,7 @@ import torch
 
 from rlfarm.algos.sac import SACAgent
 from rlfarm.algos.sac_graph import GraphedSACUpdates, SACStep, fixed_draw, replay_draw, squashed_sample
+from rlfarm.bench.learner import kernel_kind
 from rlfarm.models.mlp import EnsembleQ, SquashedGaussianActor
 from helpers import rlfarm
 
@@ -136,14 +137,60 @@ def test_bench_learner_on_cpu_writes_rows_with_ratios(tmp_path):
     assert "ratio" in out.stdout  # the table
 
 
+def random_storage(rows, device):
+    from rlfarm.buffers.storage import TensorStorage
+
+    storage = TensorStorage(rows, device)
+    g = torch.Generator().manual_seed(1)
+    storage.extend({"obs": torch.randn(rows, OBS, generator=g), "action": torch.rand(rows, ACT, generator=g) * 3 - 1,
+                    "reward": torch.randn(rows, generator=g), "next_obs": torch.randn(rows, OBS, generator=g),
+                    "terminated": torch.zeros(rows)})
+    return storage
+
+
+def check_update_from_storage(device):
+    agent = make_agent(device, graph_updates=4)
+    storage = random_storage(300, device)
+    # detach(): a clone that records autograd history would keep the parameters' gradient accumulators
+    # (made on the default stream) alive, and backward inside a later capture would wait on that stream.
+    before = [p.detach().clone() for p in state(agent)]
+    agent.update_from_storage(storage, BATCH, 3)  # fewer than graph_updates: one by one
+    assert agent.updates == 3 and agent._fast is None
+    # One eager update to get back in step with policy_frequency, then two calls of 4.
+    metrics = agent.update_from_storage(storage, BATCH, 9)
+    assert agent.updates == 12 and agent._fast is not None
+    assert set(metrics) == {"critic_loss", "actor_loss", "entropy", "alpha"}
+    assert all(torch.isfinite(v).all() for v in metrics.values())
+    assert all(not torch.equal(a, b) for a, b in zip(before, state(agent)))
+    # A restored checkpoint has new optimizer state tensors: the fast path is rebuilt, and keeps updating.
+    agent.load_state_dict(agent.state_dict())
+    assert agent._fast is None
+    agent.update_from_storage(storage, BATCH, 4)
+    assert agent.updates == 16
+
+
+def test_agent_updates_from_storage_through_the_fast_path():
+    check_update_from_storage("cpu")
+
+
+def test_kernel_names_sort_into_kinds():
+    assert kernel_kind("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32") == "gemm"
+    assert kernel_kind("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>") == "gemm"
+    assert kernel_kind("triton_poi_fused_add_mul_relu_0") == "triton"
+    assert kernel_kind("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>") == "optim"
+    assert kernel_kind("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>") == "other"
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("compile", [False, True], ids=["graph", "graph+compile"])
-def test_graph_equals_eager_updates_on_cuda(compile):
+@pytest.mark.parametrize("compile, compile_optimizers", [(False, False), (True, False), (True, True)],
+                         ids=["graph", "graph+compiled losses", "graph+compile"])
+def test_graph_equals_eager_updates_on_cuda(compile, compile_optimizers):
     eager, fast = make_agent("cuda"), make_agent("cuda")
     updates_per_call = 4
     static_batches = fixed_batches(updates_per_call, "cuda")
     static_noise = eager_noise(fast, updates_per_call, seed=11, device="cuda")
-    graphed = GraphedSACUpdates(SACStep(fast, compile=compile), fixed_draw(static_batches, static_noise), updates_per_call)
+    graphed = GraphedSACUpdates(SACStep(fast, compile=compile, compile_optimizers=compile_optimizers),
+                                fixed_draw(static_batches, static_noise), updates_per_call)
     assert graphed.graph
     fast_metrics = {k: v.clone() for k, v in graphed().items()}
     assert_same(eager, fast, eager_updates(eager, static_batches, seed=11), fast_metrics)
@@ -154,3 +201,8 @@ def test_graph_equals_eager_updates_on_cuda(compile):
     static_noise.copy_(eager_noise(fast, updates_per_call, seed=12, device="cuda"))
     fast_metrics = graphed()
     assert_same(eager, fast, eager_updates(eager, batches, seed=12), fast_metrics)
+
+
+@pytest.mark.gpu
+def test_agent_updates_from_storage_with_graphs_on_cuda():
+    check_update_from_storage("cuda")
