@@ -26,6 +26,8 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 USAGE = "rlfarm bench <{names}> [device=auto|cpu|cuda] [bench.<key>=value ...]"
+# The CLI prints errors with rich markup, which would swallow [...]: the one-line hint goes without brackets.
+HINT = "rlfarm bench <{names}>, optionally device=auto|cpu|cuda and bench.<key>=value"
 
 
 def rewrite_args(args: list[str]) -> list[str]:
@@ -51,9 +53,9 @@ def preflight(config_name: str, args: list[str]) -> None:
     names = bench_names()
     chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "bench"]
     if len(chosen) > 1 or (chosen and "," in chosen[0]):
-        raise ConfigError("one bench at a time", USAGE.format(names="|".join(names)))
+        raise ConfigError("one bench at a time", HINT.format(names="|".join(names)))
     if not chosen:
-        raise ConfigError("which bench?", USAGE.format(names="|".join(names)))
+        raise ConfigError("which bench?", HINT.format(names="|".join(names)))
     if chosen[0] not in names:
         raise ConfigError(f"unknown bench '{chosen[0]}'", f"choose one of: {', '.join(names)}")
     cfg = compose(config_name, [o for o in overrides if not o.lstrip("+~").startswith("hydra")])
