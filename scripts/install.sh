@@ -23,4 +23,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
   "$VENV/bin/pip" install -q "torch==2.13.0"
 fi
 "$VENV/bin/pip" install -q -e ".[test,report]"
+# SAPIEN (a ~51 MB wheel, ~20 s) for the physics-only VLA envs; best effort: rlfarm works without it and its
+# tests skip, so a platform without a wheel still gets a working install.
+"$VENV/bin/pip" install -q -e ".[sim]" || echo "warning: SAPIEN did not install; the SAPIEN envs and their tests are skipped" >&2
 echo "installed into $VENV"
