@@ -18,7 +18,8 @@ ROLE_NAMES = ("learner", "env_runner", "labeler", "engine")
 # Roles each algorithm family needs; a topology may list more (a shared file for both families).
 # onpolicy_env: PPO on gymnasium envs, the policy inside the env runners and the env's own reward (no labelers).
 FAMILY_ROLES = {"offpolicy": ("learner", "env_runner", "labeler"), "onpolicy": ("learner", "engine", "labeler"),
-                "onpolicy_env": ("learner", "env_runner")}
+                "onpolicy_env": ("learner", "env_runner"),
+                "vla": ("learner", "env_runner")}  # VLA GRPO: env runners play groups with a policy copy (rlfarm/loops/vla.py)
 
 
 @dataclass(frozen=True)

@@ -149,4 +149,13 @@ def train_family(cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from:
             summary["checkpoint"] = loop.checkpoint()
         run.finish(summary)
         return summary
+    if cfg.algo.family == "vla":
+        from rlfarm.loops.vla import VLALoop
+
+        loop = VLALoop(cfg, run, placed)
+        summary = loop.train()
+        if cfg.run.checkpoint:
+            summary["checkpoint"] = loop.checkpoint()
+        run.finish(summary)
+        return summary
     raise RlfarmError(f"algo family '{cfg.algo.family}' has no training loop", "use algo=sac, algo=ppo or algo=grpo")

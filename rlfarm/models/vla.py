@@ -1,0 +1,119 @@
+"""A tiny vision-language-action policy for CPU tests and small tasks.
+
+    image [3, S, S] ─ CNN ─┐
+    instruction words ─ embedding, masked mean ─┼─ MLP ─ h ─ head ─ K×D action tokens × `bins` logits
+    proprio ─ linear ─┘
+
+Action tokens come out in parallel (one forward pass gives all K×D token distributions, as OpenVLA-OFT's
+parallel decoding does) rather than autoregressively, so given the observation the tokens are independent and
+the log-probability of a chunk is exactly the sum of its tokens' log-softmax terms: the engine's logprobs and
+the learner's are the same function (`token_logprobs`). Temperature divides the logits in both, so π_old and
+π are measured at the rollout temperature (SimpleVLA-RL samples at 1.6).
+
+The head may add a bin-position feature (see `bin_features`), which lets neighbouring bins learn together.
+The head starts at zero: the first policy samples every bin uniformly, whatever the weights of the encoders,
+so a run's starting success rate is that of a uniformly random policy over the action bins.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+PAD, UNKNOWN = 0, 1
+
+
+class InstructionTokenizer:
+    """Word-level: a fixed vocabulary (the task's instruction words) plus <pad> = 0 and <unk> = 1."""
+
+    def __init__(self, words: Sequence[str], max_words: int = 12):
+        self.ids = {word: i + 2 for i, word in enumerate(sorted(set(words)))}
+        self.max_words = int(max_words)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.ids) + 2
+
+    def encode(self, instructions: Sequence[str]) -> np.ndarray:
+        """[B] strings → [B, max_words] int64 ids, padded with 0 (longer instructions are cut)."""
+        out = np.zeros((len(instructions), self.max_words), np.int64)
+        for row, text in enumerate(instructions):
+            ids = [self.ids.get(word, UNKNOWN) for word in text.lower().split()][: self.max_words]
+            out[row, : len(ids)] = ids
+        return out
+
+
+class TinyVLA(nn.Module):
+    def __init__(self, vocab: Sequence[str], action_dim: int, chunk_size: int, proprio_dim: int,
+                 image_size: int = 32, image_channels: int = 3, bins: int = 256, width: int = 64,
+                 max_words: int = 12, proprio_scale: float = 10.0, bin_features: bool = True):
+        super().__init__()
+        self.tokenizer = InstructionTokenizer(vocab, max_words)
+        self.action_dim, self.chunk_size, self.bins = int(action_dim), int(chunk_size), int(bins)
+        self.proprio_scale = float(proprio_scale)  # positions are centimetres-scale in metres: bring them to ~1
+        self.image = nn.Sequential(
+            nn.Conv2d(image_channels, 16, 5, stride=2, padding=2), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(32, 32, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            image_features = self.image(torch.zeros(1, image_channels, image_size, image_size)).shape[1]
+        self.image_proj = nn.Linear(image_features, width)
+        self.words = nn.Embedding(self.tokenizer.vocab_size, width, padding_idx=PAD)
+        self.proprio = nn.Linear(proprio_dim, width)
+        self.trunk = nn.Sequential(nn.Linear(3 * width, 2 * width), nn.ReLU(), nn.Linear(2 * width, 2 * width),
+                                   nn.ReLU())
+        self.head = nn.Linear(2 * width, self.num_tokens * self.bins)
+        # Bin-position feature: one more output per token weighs the bin's centre c in [-1, 1], so that a single
+        # parameter moves mass toward one end of the range. Free per-bin logits alone (OpenVLA's LM head) learn
+        # each bin separately: 256 times the samples for the same shift. (A c² term, tried too, narrowed the
+        # distribution so fast that GRPO groups went all-or-nothing before the instruction was learned.)
+        self.bin_features = bool(bin_features)
+        self.shape_head = nn.Linear(2 * width, self.num_tokens) if self.bin_features else None
+        centres = (torch.arange(self.bins) + 0.5) / self.bins * 2 - 1
+        self.register_buffer("bin_basis", centres[None], persistent=False)  # [1, bins]
+        for layer in (self.head, self.shape_head):
+            if layer is not None:
+                nn.init.zeros_(layer.weight)
+                nn.init.zeros_(layer.bias)
+
+    @property
+    def num_tokens(self) -> int:
+        """Action tokens per policy call: K actions × D dimensions."""
+        return self.chunk_size * self.action_dim
+
+    def logits(self, image: torch.Tensor, words: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
+        """image uint8 [B, C, S, S], words int64 [B, L], proprio [B, P] → logits [B, K*D, bins]."""
+        seen = self.image_proj(self.image(image.float() / 255.0))
+        mask = (words != PAD).unsqueeze(-1).float()
+        said = (self.words(words) * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        felt = self.proprio(proprio.float() * self.proprio_scale)
+        hidden = self.trunk(torch.cat([seen, said, felt], dim=-1))
+        logits = self.head(hidden).view(-1, self.num_tokens, self.bins)
+        if self.shape_head is not None:
+            logits = logits + self.shape_head(hidden).view(-1, self.num_tokens, 1) @ self.bin_basis
+        return logits
+
+    def token_logprobs(self, image, words, proprio, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """log π(token) of each given token [B, K*D] at `temperature`; exact (tokens are independent given obs)."""
+        logprobs = torch.log_softmax(self.logits(image, words, proprio).float() / temperature, dim=-1)
+        return logprobs.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+
+    @torch.no_grad()
+    def sample(self, image, words, proprio, temperature: float = 1.0, generator: torch.Generator | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [B, K*D], their logprobs [B, K*D]). temperature 0 takes the most likely bin (greedy)."""
+        logits = self.logits(image, words, proprio).float()
+        if temperature == 0:
+            tokens = logits.argmax(-1)
+            return tokens, torch.zeros_like(tokens, dtype=torch.float32)
+        logprobs = torch.log_softmax(logits / temperature, dim=-1)
+        flat = torch.multinomial(logprobs.exp().view(-1, self.bins), 1, generator=generator)
+        tokens = flat.view(logprobs.shape[:2])
+        return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def tiny_vla(vocab: Sequence[str], action_dim: int, chunk_size: int, proprio_dim: int, **config) -> TinyVLA:
+    """Build from a config dict (conf/model/tiny_vla.yaml `config`) and the env's shapes."""
+    return TinyVLA(vocab, action_dim, chunk_size, proprio_dim, **config)

@@ -1,0 +1,253 @@
+"""VLA roles for GRPO on a simulator (SimpleVLA-RL's recipe): a rollout worker and a learner.
+
+`VLARolloutWorker` holds its envs (action-chunk wrapped) and a copy of the policy. `collect(weights, seeds)`
+plays G episodes from each seed's initial state (a GRPO group: same seed, different action samples) and
+returns what the learner needs: per policy call the observation, the sampled action tokens and their
+log-probabilities at the rollout temperature (π_old), and per episode the binary success.
+
+Pipelining (in-process threads, not separate Ray roles): the worker splits its envs into two groups and keeps
+one env thread. While the env thread steps group A's envs, the worker's own thread runs policy inference for
+group B, and the other way round, so the simulator and the policy overlap instead of waiting on each other.
+`pipeline=False` runs the sequential loop (infer all, then step all) for comparison. The worker reports the
+breakdown: env_s (time the env thread spent stepping), infer_s (time in inference), rollout_s (wall) and
+overlap_s = env_s + infer_s − rollout_s (time both ran at once). On CPU both compete for the same cores and
+for the GIL (SAPIEN's step and the numpy picture hold it), so the overlap here is modest; on a GPU machine
+inference leaves the CPU free. The layout keeps inference in one place so that it can move into an engine
+role that batches many workers (SEED-RL style) without changing the data the learner sees.
+
+`VLALearner` turns episode successes into group advantages and runs the clipped token-level GRPO loss of
+`rlfarm.algos.grpo` on every action token of the kept groups' policy calls.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from rlfarm.algos.grpo import grpo_advantages, grpo_loss, keep_groups
+from rlfarm.algos.ppo import approx_kl, clip_fraction
+from rlfarm.envs.action_chunks import ActionChunkWrapper, ActionTokenizer
+from rlfarm.models.vla import TinyVLA, tiny_vla
+from rlfarm.roles.common import assigned_device, limit_threads
+
+BATCH_ARRAYS = ("image", "words", "proprio", "tokens", "logprobs", "called", "success", "steps")
+
+
+@dataclass(frozen=True)
+class VLAConfig:
+    env: dict = field(default_factory=dict)       # SapienPushCube keyword arguments
+    chunk_size: int = 4                           # K actions per policy call
+    bins: int = 256
+    model: dict = field(default_factory=dict)     # TinyVLA keyword arguments (width, ...)
+    groups_per_update: int = 8                    # initial states per update (B)
+    group_size: int = 8                           # rollouts per initial state (G)
+    temperature: float = 1.6
+    lr: float = 1e-3
+    max_grad_norm: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    minibatches: int = 1
+    accuracy_low: float = 0.1                     # dynamic sampling: keep groups with low < accuracy < high
+    accuracy_high: float = 0.9
+    norm_std: bool = True
+    pipeline: bool = True
+    seed: int = 0
+
+
+def make_env(cfg: VLAConfig):
+    from rlfarm.envs.sapien_tasks import SapienPushCube
+
+    return ActionChunkWrapper(SapienPushCube(**cfg.env), cfg.chunk_size)
+
+
+def build_policy(cfg: VLAConfig, env) -> TinyVLA:
+    from rlfarm.envs.sapien_tasks import instruction_vocabulary
+
+    torch.manual_seed(cfg.seed)
+    inner = env.unwrapped
+    return tiny_vla(instruction_vocabulary(), inner.action_space.shape[0], cfg.chunk_size,
+                    inner.observation_space["proprio"].shape[0], image_size=inner.image_size, bins=cfg.bins,
+                    **cfg.model)
+
+
+def policy_inputs(policy: TinyVLA, images, instructions, proprios, device="cpu"):
+    """Stacked observation fields → the three tensors the policy reads."""
+    return (torch.as_tensor(np.stack(images), device=device),
+            torch.as_tensor(policy.tokenizer.encode(instructions), device=device),
+            torch.as_tensor(np.stack(proprios), device=device))
+
+
+class VLARolloutWorker:
+    def __init__(self, cfg: VLAConfig, groups: int, index: int = 0, threads: int = 1):
+        limit_threads(threads)
+        self.cfg, self.index = cfg, index
+        self.envs = [make_env(cfg) for _ in range(groups * cfg.group_size)]
+        self.policy = build_policy(cfg, self.envs[0]).eval()
+        space = self.envs[0].unwrapped.action_space
+        self.action_tokenizer = ActionTokenizer(space.low, space.high, cfg.bins)  # actions are already [-1, 1]
+        self.calls = -(-self.envs[0].unwrapped.max_steps // cfg.chunk_size)  # policy calls per episode, at most
+        self.generator = torch.Generator().manual_seed(cfg.seed * 7919 + index)
+        self.env_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-group")
+        self.version = 0
+
+    def load_weights(self, weights: tuple[list, int] | None) -> None:
+        """weights = ([ref], version), the ref boxed so that Ray hands it over unresolved."""
+        if weights is not None and weights[1] > self.version:
+            box, version = weights
+            state = box[0] if isinstance(box[0], dict) else ray.get(box[0])
+            self.policy.load_state_dict(state)
+            self.version = version
+
+    def collect(self, weights: tuple[list, int] | None, seeds: list[int]) -> tuple[dict[str, Any], dict[str, float]]:
+        """G episodes per seed. Returns (batch, stats): batch arrays are [N, C, ...] per policy call or [N] per
+        episode (N = len(seeds) × G, C = calls per episode at most); stats hold the time breakdown."""
+        self.load_weights(weights)
+        size = self.cfg.group_size
+        if len(seeds) * size != len(self.envs):
+            raise ValueError(f"{len(seeds)} seeds × {size} need {len(seeds) * size} envs, this worker has {len(self.envs)}")
+        n, env0 = len(self.envs), self.envs[0].unwrapped
+        obs = [env.reset(seed=int(seeds[i // size]))[0] for i, env in enumerate(self.envs)]
+        batch = {"image": np.zeros((n, self.calls, *env0.observation_space["image"].shape), np.uint8),
+                 "words": np.zeros((n, self.calls, self.policy.tokenizer.max_words), np.int64),
+                 "proprio": np.zeros((n, self.calls, env0.observation_space["proprio"].shape[0]), np.float32),
+                 "tokens": np.zeros((n, self.calls, self.policy.num_tokens), np.int64),
+                 "logprobs": np.zeros((n, self.calls, self.policy.num_tokens), np.float32),
+                 "called": np.zeros((n, self.calls), bool), "success": np.zeros(n, np.float32),
+                 "steps": np.zeros(n, np.int64)}
+        state = {"obs": obs, "active": np.ones(n, bool), "call": np.zeros(n, np.int64), "env_s": 0.0}
+        halves = np.array_split(np.arange(n), 2) if self.cfg.pipeline and n > 1 else [np.arange(n)]
+        started, infer_s, calls = time.perf_counter(), 0.0, 0
+        pending: dict[int, Any] = {}
+        while state["active"].any():
+            for group, members in enumerate(halves):
+                if group in pending:
+                    pending.pop(group).result()  # this group's envs have stepped: its observations are fresh
+                live = members[state["active"][members]]
+                if not len(live):
+                    continue
+                tick = time.perf_counter()
+                actions = self._infer(live, state, batch)
+                infer_s += time.perf_counter() - tick
+                calls += 1
+                pending[group] = self.env_thread.submit(self._step_envs, live, actions, state, batch)
+        for future in pending.values():
+            future.result()
+        rollout_s = time.perf_counter() - started
+        env_steps = int(batch["steps"].sum())
+        stats = {"rollout_s": rollout_s, "env_s": state["env_s"], "infer_s": infer_s,
+                 "overlap_s": max(0.0, state["env_s"] + infer_s - rollout_s), "inference_calls": calls,
+                 "env_steps": env_steps, "episodes": n, "success_rate": float(batch["success"].mean()),
+                 "policy_version": self.version}
+        return batch | {"version": self.version}, stats
+
+    @torch.no_grad()
+    def _infer(self, live: np.ndarray, state: dict, batch: dict) -> np.ndarray:
+        """Sample action tokens for the live envs, record the call, return their action chunks [len(live), K, D]."""
+        obs = [state["obs"][i] for i in live]
+        image, words, proprio = policy_inputs(self.policy, [o["image"] for o in obs], [o["instruction"] for o in obs],
+                                              [o["proprio"] for o in obs])
+        tokens, logprobs = self.policy.sample(image, words, proprio, self.cfg.temperature, self.generator)
+        call = state["call"][live]
+        for name, value in (("image", image), ("words", words), ("proprio", proprio), ("tokens", tokens),
+                            ("logprobs", logprobs)):
+            batch[name][live, call] = value.numpy()
+        batch["called"][live, call] = True
+        state["call"][live] += 1
+        tokens = tokens.numpy().reshape(len(live), self.cfg.chunk_size, -1)
+        return self.action_tokenizer.decode(tokens)
+
+    def _step_envs(self, live: np.ndarray, actions: np.ndarray, state: dict, batch: dict) -> None:
+        """Runs on the env thread: one chunk in each live env."""
+        tick = time.perf_counter()
+        for i, chunk in zip(live, actions):
+            obs, _, terminated, truncated, info = self.envs[i].step(chunk)
+            state["obs"][i] = obs
+            batch["steps"][i] += info["steps"]
+            batch["success"][i] = max(batch["success"][i], float(info["success"]))
+            if terminated or truncated or state["call"][i] >= self.calls:
+                state["active"][i] = False
+        state["env_s"] += time.perf_counter() - tick
+
+    def close(self) -> None:
+        self.env_thread.shutdown(wait=True)
+
+
+def merge_batches(batches: list[dict]) -> dict:
+    return {name: np.concatenate([b[name] for b in batches]) for name in BATCH_ARRAYS} | \
+        {"version": min(b["version"] for b in batches)}
+
+
+def group_signal(success: np.ndarray, cfg: VLAConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages [N], keep [B]): GRPO advantages of the episodes, and which groups pass dynamic sampling
+    (accuracy strictly between accuracy_low and accuracy_high, SimpleVLA-RL keeps 0.1 < acc < 0.9)."""
+    groups = torch.as_tensor(success, dtype=torch.float32).view(-1, cfg.group_size)
+    keep = keep_groups(groups, low=cfg.accuracy_low, high=cfg.accuracy_high)
+    return grpo_advantages(groups, norm_std=cfg.norm_std).view(-1), keep
+
+
+def update_vla(model: TinyVLA, optimizer: torch.optim.Optimizer, batch: dict, advantages: torch.Tensor,
+               episodes: torch.Tensor, cfg: VLAConfig, device: str = "cpu") -> dict[str, float]:
+    """`cfg.minibatches` clipped token-level GRPO steps over every policy call of the chosen episodes.
+    Every action token of an episode's calls gets that episode's advantage (the outcome reward is binary)."""
+    called = torch.as_tensor(batch["called"])[episodes]                           # [E, C]
+    rows = called.nonzero(as_tuple=True)
+    pick = lambda name: torch.as_tensor(batch[name])[episodes][rows].to(device)  # noqa: E731 - [R, ...]
+    image, words, proprio, tokens, old = (pick(name) for name in ("image", "words", "proprio", "tokens", "logprobs"))
+    row_advantages = advantages[episodes].unsqueeze(1).expand_as(called)[rows].to(device)
+    mask = torch.ones_like(old)
+    model.train()
+    totals = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.0}
+    for part in torch.randperm(len(tokens), device=device).chunk(cfg.minibatches):
+        logprobs = model.token_logprobs(image[part], words[part], proprio[part], tokens[part], cfg.temperature)
+        loss = grpo_loss(logprobs, old[part], row_advantages[part], mask[part], cfg.clip_low, cfg.clip_high)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        with torch.no_grad():
+            adv = row_advantages[part].unsqueeze(1)
+            step = {"loss": float(loss), "grad_norm": float(grad_norm),
+                    "clip_fraction": float(clip_fraction(logprobs, old[part], adv, mask[part], cfg.clip_low,
+                                                         cfg.clip_high)),
+                    "approx_kl": float(approx_kl(logprobs, old[part], mask[part]))}
+        for name, value in step.items():
+            totals[name] += value / cfg.minibatches
+    model.eval()
+    return totals | {"policy_calls": float(len(tokens))}
+
+
+class VLALearner:
+    def __init__(self, cfg: VLAConfig, threads: int = 1):
+        limit_threads(threads)
+        self.cfg, self.device = cfg, assigned_device() if ray.is_initialized() else "cpu"
+        self.model = build_policy(cfg, make_env(cfg)).to(self.device).eval()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.version = 0
+
+    def publish(self) -> tuple[list, int]:
+        self.version += 1
+        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        return [ray.put(state) if ray.is_initialized() else state], self.version
+
+    def update(self, *batches: dict) -> dict[str, float]:
+        batch = merge_batches(list(batches))
+        advantages, keep = group_signal(batch["success"], self.cfg)
+        valid = torch.as_tensor(batch["called"])
+        metrics = {"success_rate": float(batch["success"].mean()), "kept_groups": float(keep.float().mean()),
+                   "episode_steps": float(batch["steps"].mean()), "staleness": self.version - int(batch["version"]),
+                   # −log π of the sampled tokens averages to the policy's entropy at the rollout temperature
+                   "entropy": float(-torch.as_tensor(batch["logprobs"])[valid].mean())}
+        if keep.any():
+            episodes = keep.repeat_interleave(self.cfg.group_size).nonzero(as_tuple=True)[0]
+            metrics |= update_vla(self.model, self.optimizer, batch, advantages, episodes, self.cfg, self.device)
+        return metrics
+
+    def save(self, path: str) -> str:
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "version": self.version}, path)
+        return path

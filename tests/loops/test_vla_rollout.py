@@ -1,0 +1,91 @@
+"""The VLA rollout worker and learner in one process (no Ray): GRPO groups, exact logprobs, pipelining."""
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("sapien", reason="SAPIEN is an optional extra: pip install -e .[sim]")
+
+from rlfarm.roles.vla import VLAConfig, VLALearner, VLARolloutWorker, group_signal, policy_inputs  # noqa: E402
+
+CFG = VLAConfig(groups_per_update=2, group_size=4, model={"width": 32}, seed=3)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    worker = VLARolloutWorker(CFG, groups=2)
+    yield worker
+    worker.close()
+
+
+def test_groups_share_their_initial_state_and_instruction(worker):
+    batch, stats = worker.collect(None, seeds=[11, 12])
+    first = batch["image"][:, 0]
+    words = batch["words"][:, 0]
+    for group in (slice(0, 4), slice(4, 8)):
+        assert (first[group] == first[group][:1]).all() and (words[group] == words[group][:1]).all()
+    assert not (first[0] == first[4]).all() or not (words[0] == words[4]).all()
+    assert batch["called"][:, 0].all() and batch["tokens"].shape == (8, 4, 8) and batch["tokens"].max() < 256
+    # an episode's calls are a prefix, and its steps fit them: K per call, fewer only in the last call
+    calls = batch["called"].sum(1)
+    assert (batch["called"] == (np.arange(4) < calls[:, None])).all()
+    assert ((batch["steps"] > 4 * (calls - 1)) & (batch["steps"] <= 4 * calls)).all()
+    assert ((batch["success"] == 1) | (batch["steps"] == 16)).all()  # an episode ends by success or time limit
+    assert stats["episodes"] == 8 and stats["env_steps"] == batch["steps"].sum()
+
+
+def test_rollout_logprobs_equal_the_learners(worker):
+    learner = VLALearner(CFG)
+    with torch.no_grad():  # move away from the uniform start so that the comparison means something
+        for p in learner.model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    worker.load_weights(learner.publish())
+    batch, _ = worker.collect(None, seeds=[5, 6])
+    rows = batch["called"]
+    model = learner.model
+    image, words, proprio = (torch.as_tensor(batch[k][rows]) for k in ("image", "words", "proprio"))
+    recomputed = model.token_logprobs(image, words, proprio, torch.as_tensor(batch["tokens"][rows]), CFG.temperature)
+    old = torch.as_tensor(batch["logprobs"][rows])
+    assert (recomputed - old).abs().max() < 1e-4 and old.std() > 0.01
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_breakdown_is_reported(pipeline):
+    worker = VLARolloutWorker(VLAConfig(groups_per_update=2, group_size=4, model={"width": 32}, pipeline=pipeline),
+                              groups=2)
+    _, stats = worker.collect(None, seeds=[1, 2])
+    worker.close()
+    assert stats["env_s"] > 0 and stats["infer_s"] > 0 and stats["overlap_s"] >= 0
+    assert stats["env_s"] + stats["infer_s"] - stats["overlap_s"] <= stats["rollout_s"] + 1e-6
+    # pipelined: two env groups take turns, so twice the inference calls of the sequential loop per env step
+    assert stats["inference_calls"] >= (5 if pipeline else 1)
+
+
+def test_dynamic_sampling_keeps_groups_strictly_inside_the_bounds():
+    success = np.array([0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0], np.float32)  # 0, 0.25, 1, 0.75
+    advantages, keep = group_signal(success, VLAConfig(group_size=4))
+    assert keep.tolist() == [False, True, False, True]
+    assert advantages[:4].abs().max() == 0 and advantages[4] > 0 > advantages[5]
+    _, keep = group_signal(success, VLAConfig(group_size=4, accuracy_low=0.3, accuracy_high=0.9))
+    assert keep.tolist() == [False, False, False, True]
+
+
+def test_learner_updates_only_on_groups_with_signal():
+    learner, worker = VLALearner(CFG), VLARolloutWorker(CFG, groups=2)  # a fresh pair: both at version 0
+    batch, _ = worker.collect(learner.publish(), seeds=[21, 22])
+    worker.close()
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    batch["success"] = np.zeros(8, np.float32)  # no signal anywhere: no step
+    metrics = learner.update(batch)
+    assert metrics["kept_groups"] == 0 and "loss" not in metrics
+    assert all(torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+    batch["success"] = np.array([1, 0, 0, 0, 1, 1, 1, 1], np.float32)  # group 0 has signal, group 1 none
+    metrics = learner.update(batch)
+    assert metrics["kept_groups"] == 0.5 and metrics["policy_calls"] == batch["called"][:4].sum()
+    assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+    # the winner's tokens became more likely, the losers' less likely
+    rows = torch.as_tensor(batch["called"][:4])
+    fields = [torch.as_tensor(batch[k][:4][rows]) for k in ("image", "words", "proprio", "tokens")]
+    after = learner.model.token_logprobs(*fields, temperature=CFG.temperature).sum(1)
+    owner = torch.arange(4)[:, None].expand(4, 4)[rows]
+    old = torch.as_tensor(batch["logprobs"][:4][rows]).sum(1)
+    assert (after - old)[owner == 0].mean() > 0 > (after - old)[owner != 0].mean()
