@@ -218,9 +218,11 @@ def _registered_spec(env_id: str) -> gym.envs.registration.EnvSpec:
 
 
 def _is_mujoco(spec: gym.envs.registration.EnvSpec) -> bool:
+    creator = spec.entry_point
+    if isinstance(creator, str) and "mujoco" not in creator.lower():
+        return False  # importing MuJoCo loads its GL backend (EGL): not for envs that do not need it
     from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
 
-    creator = spec.entry_point
     if isinstance(creator, str):
         creator = load_env_creator(creator)
     return isinstance(creator, type) and issubclass(creator, MujocoEnv)
