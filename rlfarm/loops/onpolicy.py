@@ -76,7 +76,9 @@ class OnPolicyLoop:
                               "set +algo.weight_sync=auto|object_store|broadcast")
         if choice == "auto":
             devices = ray.get([self.learner.device.remote(), self.engine.device.remote()])
-            choice = "broadcast" if all(device.startswith("cuda") for device in devices) else "object_store"
+            # NCCL needs one GPU per rank: colocated roles share one, so they go through the object store.
+            split = all(device.startswith("cuda") for device in devices) and not self.time_share
+            choice = "broadcast" if split else "object_store"
         if choice == "broadcast":
             address = ray.get(self.learner.open_weight_sync.remote(2))
             ray.get([self.learner.join_weight_sync.remote(2), self.engine.join_weight_sync.remote(address, 1, 2)])
