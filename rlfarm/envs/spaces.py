@@ -6,6 +6,7 @@ actions and no bounds (None marks a discrete policy head; see rlfarm.models.acto
 """
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
@@ -20,3 +21,12 @@ def policy_dims(observation_space: spaces.Space, action_space: spaces.Space) -> 
                 "action_low": action_space.low.astype(np.float32).reshape(-1),
                 "action_high": action_space.high.astype(np.float32).reshape(-1)}
     raise ValueError(f"action space {action_space} is not supported (only Box and Discrete)")
+
+
+def env_policy_dims(env_id: str, kwargs: dict | None = None) -> dict:
+    """`policy_dims` of a registered env, from one throwaway instance (no reset, no rendering)."""
+    env = gym.make(env_id, **(kwargs or {}))
+    try:
+        return policy_dims(env.observation_space, env.action_space)
+    finally:
+        env.close()

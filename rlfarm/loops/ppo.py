@@ -15,6 +15,7 @@ import numpy as np
 import ray
 from omegaconf import DictConfig, OmegaConf
 
+from rlfarm.envs.spaces import env_policy_dims
 from rlfarm.errors import Preempted
 from rlfarm.roles.ppo_learner import PPOLearner
 from rlfarm.roles.rollout import RolloutRunner
@@ -38,7 +39,8 @@ class PPOLoop:
             ray.remote(RolloutRunner).options(**placed.options(p)).remote(
                 p.index, as_dict(cfg.env), as_dict(cfg.model.actor), seed, int(cfg.algo.rollout_steps), p.threads)
             for p in plan.of("env_runner")]
-        spaces = ray.get(self.runners[0].spaces.remote())
+        # The spaces come from the env id, not from a runner, so the learner starts while the runners do.
+        spaces = env_policy_dims(str(cfg.env.id), as_dict(cfg.env.kwargs) if cfg.env.get("kwargs") else {})
         (learner,) = plan.of("learner")
         self.learner = ray.remote(PPOLearner).options(**placed.options(learner)).remote(
             as_dict(cfg.algo), as_dict(cfg.model.actor), spaces, seed, learner.threads)

@@ -10,7 +10,6 @@ across rollouts; only their returns and lengths go back to the driver, apart fro
 """
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -55,7 +54,7 @@ class RolloutRunner:
     def collect(self, weights: tuple[list, int] | None = None, steps: int | None = None
                 ) -> tuple[EnvRollout, dict]:
         """Act `steps` (default rollout_steps) vector steps with the newest weights.
-        Returns (rollout, episodes): episodes = {"returns", "lengths", "env_steps", "runner", "pid", "collect_s"}."""
+        Returns (rollout, episodes): episodes = {"returns", "lengths", "env_steps", "runner", "collect_s"}."""
         started = time.perf_counter()
         self.load_weights(weights)
         steps = self.rollout_steps if steps is None else int(steps)
@@ -90,6 +89,6 @@ class RolloutRunner:
         done = arrays["terminated"] | arrays["truncated"]
         arrays["next_value"] = np.where(done, arrays["next_value"], following)
         rollout = EnvRollout(**arrays, policy_version=self.policy_version)
-        episodes = {"runner": self.index, "pid": os.getpid(), "returns": returns, "lengths": lengths,
+        episodes = {"runner": self.index, "returns": returns, "lengths": lengths,
                     "env_steps": self.env_steps, "collect_s": time.perf_counter() - started}
         return rollout, episodes

@@ -34,7 +34,7 @@ def test_ppo_learns_cartpole_to_400_within_300k_env_steps(tmp_path):
     # The final checkpoint plays through `rlfarm eval` (greedy actions).
     played = rlfarm("eval", f"run_dir={run_dir}", "episodes=3", "video=false", timeout=300)
     assert played.returncode == 0, played.stderr[-3000:]
-    assert json.loads((run_dir / "eval" / "returns.json").read_text())["return_mean"] >= 300
+    assert json.loads((run_dir / "eval" / "returns.json").read_text())["return_mean"] >= 400
 
 
 def test_ppo_runs_on_pendulum_end_to_end_and_its_checkpoint_plays(tmp_path):
