@@ -6,8 +6,9 @@ the full length), at each batch size, measured three ways in one run:
 - `hf generate`: plain `model.generate` (dynamic cache, eager);
 - `hf static+compile`: `model.generate(cache_implementation="static")`, which compiles the forward
   (mode reduce-overhead) itself; timed after an untimed call of the same shape;
-- `rlfarm engine`: `HFEngine.generate` (static KV cache, CUDA-graphed decode step), and with
-  `compile_batches` also `rlfarm engine+compile` (the step compiled by torch.compile before capture).
+- `rlfarm engine`: `HFEngine.generate` as it runs by default (static KV cache; on CUDA the decode step
+  compiled by torch.compile, one compilation for every batch, and captured in a CUDA graph), and on CUDA
+  `rlfarm engine graphs only` (the same without compile).
 tokens/s = batch × new_tokens / wall time of the whole call (prefill included). Each rlfarm row also
 carries `prefill_s` (a call with one new token) and `decode_ms_per_step`, the rest spread over the steps,
 so a gap to the target can be read as prefill or decode.
@@ -15,6 +16,7 @@ so a gap to the target can be read as prefill or decode.
 from __future__ import annotations
 
 import gc
+import logging
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -23,49 +25,62 @@ from rlfarm.bench.common import median_rate, sizes
 from rlfarm.engines.hf import HFEngine
 from rlfarm.models.lm import build_causal_lm
 
-PLAIN, STATIC, OURS, OURS_COMPILED = "hf generate", "hf static+compile", "rlfarm engine", "rlfarm engine+compile"
+PLAIN, STATIC, OURS, OURS_GRAPHS = ("hf generate", "hf static+compile", "rlfarm engine",
+                                    "rlfarm engine graphs only")
+log = logging.getLogger("rlfarm")
 
 
 def run(cfg: DictConfig, device: str) -> list[dict]:
     size = sizes(cfg, device)
     dtype = getattr(torch, str(cfg.dtype)) if device == "cuda" else torch.float32
     torch.manual_seed(int(cfg.seed))
-    model = build_causal_lm(OmegaConf.to_container(size.model, resolve=True)).to(device=device, dtype=dtype).eval()
+    with torch.device(device):  # initialize on the device: a CPU init of 0.5B parameters takes seconds
+        model = build_causal_lm(OmegaConf.to_container(size.model, resolve=True)).to(dtype).eval()
     model.generation_config.eos_token_id = None  # every row runs the full length, in every method
     model.generation_config.pad_token_id = 0
     vocab = int(size.model.vocab_size)
     new_tokens, prompt_len, repeats = int(size.new_tokens), int(size.prompt_len), int(size.repeats)
+    # the default engine (on CUDA: static cache, compiled step, CUDA graphs), and graphs without compile
     engines = {OURS: HFEngine(model, pad_id=0, device=device, seed=int(cfg.seed))}
-    if size.compile_batches:
-        engines[OURS_COMPILED] = HFEngine(model, pad_id=0, device=device, seed=int(cfg.seed), compile=True)
+    if device == "cuda" and size.graphs_only_variant:
+        engines[OURS_GRAPHS] = HFEngine(model, pad_id=0, device=device, seed=int(cfg.seed), compile=False)
+    batches = [int(batch) for batch in size.batches]
+    prompts = {batch: torch.randint(1, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
+               for batch in batches}
     rows: list[dict] = []
-    for batch in size.batches:
-        batch = int(batch)
-        prompts = torch.randint(1, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
+
+    def add(row: dict) -> None:
+        rows.append(row)
+        log.info("%s: %.0f %s", row["case"], row["value"], row["unit"])  # visible even if a later case hangs
+
+    common = lambda batch: {"unit": "tok/s", "batch": batch, "prompt_len": prompt_len,  # noqa: E731
+                            "new_tokens": new_tokens}
+    for batch in batches:
         tokens = batch * new_tokens
-        common = {"unit": "tok/s", "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens}
-        plain_case, static_case = f"{PLAIN} b{batch}", f"{STATIC} b{batch}"
-        plain = hf_generate_rate(model, prompts, new_tokens, device, int(size.baseline_repeats), static=False)
-        rows.append({"case": plain_case, "value": plain, "baseline": None, **common})
-        if size.static_baseline:
-            static = hf_generate_rate(model, prompts, new_tokens, device, int(size.baseline_repeats), static=True)
-            rows.append({"case": static_case, "value": static, "baseline": plain_case, **common})
         for name, engine in engines.items():
-            if name == OURS_COMPILED and batch not in size.compile_batches:
-                continue
-            prompt_ids = prompts.tolist()
+            prompt_ids = prompts[batch].tolist()
             generate = lambda steps: engine.generate(prompt_ids, n=1, max_new_tokens=steps, temperature=1.0)  # noqa: E731
             rate = median_rate(lambda: generate(new_tokens), tokens, device, repeats=repeats, warmup=1)
             prefill_s = 1.0 / median_rate(lambda: generate(1), 1, device, repeats=repeats, warmup=1)
-            row = {"case": f"{name} b{batch}", "value": rate, "baseline": plain_case, **common,
-                   "prefill_s": round(prefill_s, 4),
-                   "decode_ms_per_step": round(1e3 * (tokens / rate - prefill_s) / max(new_tokens - 1, 1), 3)}
-            if size.static_baseline:
-                row["vs_static_compile"] = round(rate / rows_value(rows, static_case), 2)
-            rows.append(row)
-        gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
+            add({"case": f"{name} b{batch}", "value": rate, "baseline": f"{PLAIN} b{batch}", **common(batch),
+                 "prefill_s": round(prefill_s, 4),
+                 "decode_ms_per_step": round(1e3 * (tokens / rate - prefill_s) / max(new_tokens - 1, 1), 3)})
+        add({"case": f"{PLAIN} b{batch}", "baseline": None, **common(batch),
+             "value": hf_generate_rate(model, prompts[batch], new_tokens, device, int(size.baseline_repeats), False)})
+    static_batches = [int(batch) for batch in size.static_baseline_batches]
+    if static_batches:  # last: HF compiles per shape, the slowest part of the run
+        for batch in list(static_batches):
+            try:
+                add({"case": f"{STATIC} b{batch}", "baseline": f"{PLAIN} b{batch}", **common(batch),
+                     "value": hf_generate_rate(model, prompts[batch], new_tokens, device,
+                                               int(size.baseline_repeats), True)})
+            except Exception as error:  # HF's compiled path is theirs: report its failure, keep the other rows
+                log.error("%s b%d failed: %s", STATIC, batch, str(error).splitlines()[0] if str(error) else error)
+                static_batches.remove(batch)
+        for row in rows:
+            if row["case"].startswith(OURS) and row["batch"] in static_batches:
+                row["vs_static_compile"] = round(row["value"] / rows_value(rows, f"{STATIC} b{row['batch']}"), 2)
+    gc.collect()
     return rows
 
 

@@ -15,12 +15,15 @@ Values are GB/s of state moved (higher is better); each row also has `ms`.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
+import logging
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +37,7 @@ from rlfarm.sync import (BroadcastReceiver, BroadcastSender, HostSender, InPlace
                          join_group, load_into, plan_layout, serve_rendezvous)
 
 UNIT = "GB/s (higher is better)"
+log = logging.getLogger("rlfarm")
 # NVLink multicast must stay off on the shared GPU machines; the engine process inherits these.
 SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -42,6 +46,7 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
     size = sizes(cfg, device)
     for key, value in SAFE_NCCL_ENV.items():
         os.environ.setdefault(key, value)
+    os.environ.setdefault("NCCL_DEBUG", "WARN")  # NCCL says why, should a transfer fail
     learner_device, engine_device = devices(device)
     dtype = str(cfg.dtype) if device == "cuda" else "float32"
     model_cfg = OmegaConf.to_container(size.model, resolve=True)
@@ -57,13 +62,14 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
 
     raw_split = f"raw copy {learner_device}→{engine_device}"
     raw_local = f"raw copy {learner_device}→{learner_device}"
+    log.info("sync bench: %d tensors, %.1f MB on %s", len(state), nbytes / 1e6, learner_device)
     rows = [row(raw_split, raw_copy_s(nbytes, learner_device, engine_device, repeats), None)]
     if engine_device != learner_device:
         rows.append(row(raw_local, raw_copy_s(nbytes, learner_device, learner_device, repeats), None))
 
     bucket_bytes = int(float(size.bucket_mb) * 2**20)
     broadcast, host = broadcast_and_host_s(state, model_cfg, dtype, engine_device, bucket_bytes, repeats,
-                                           learner_device, float(size.timeout_s))
+                                           learner_device, float(size.timeout_s), float(size.stack_dump_s))
     rows.append(row(f"broadcast ({'nccl' if device == 'cuda' else 'gloo'})", broadcast["sync_s"], raw_split,
                     buckets=broadcast["buckets"], bucket_mb=float(size.bucket_mb)))
     rows.append(row("object store (host copies)", host["to_host_s"] + broadcast["from_host_s"], raw_split,
@@ -119,25 +125,35 @@ def raw_copy_s(nbytes: int, src: str, dst: str, repeats: int) -> float:
 
 
 def broadcast_and_host_s(state: dict, model_cfg: dict, dtype: str, engine_device: str, bucket_bytes: int,
-                         repeats: int, learner_device: str, timeout_s: float) -> tuple[dict, dict]:
-    """Runs the engine process; returns its timings (sync_s, from_host_s, buckets) and ours (to_host_s)."""
+                         repeats: int, learner_device: str, timeout_s: float, stack_dump_s: float = 60
+                         ) -> tuple[dict, dict]:
+    """Runs the engine process; returns its timings (sync_s, from_host_s, buckets) and ours (to_host_s).
+    Should the two processes stall, each prints its Python stacks after `stack_dump_s`, so a hang names its line."""
     store = serve_rendezvous(world_size=2, timeout_s=timeout_s)
     with tempfile.TemporaryDirectory(prefix="rlfarm-bench-sync-") as folder:
         request, result = Path(folder) / "request.json", Path(folder) / "result.json"
         request.write_text(json.dumps({"address": f"127.0.0.1:{store.port}", "model": model_cfg, "dtype": dtype,
                                        "device": engine_device, "repeats": repeats, "timeout_s": timeout_s,
-                                       "result": str(result)}))
+                                       "result": str(result), "stack_dump_s": stack_dump_s}))
         peer = subprocess.Popen([sys.executable, "-m", "rlfarm.bench.sync", str(request)],
                                 env={**os.environ, **SAFE_NCCL_ENV})
+        finished = threading.Event()
+        threading.Thread(target=report_early_exit, args=(peer, finished), daemon=True).start()
         try:
+            log.info("sync bench: engine process started, joining the group")
             group = join_group(store, rank=0, world_size=2, device=learner_device, timeout_s=timeout_s)
+            log.info("sync bench: group joined")
+            faulthandler.dump_traceback_later(stack_dump_s)
             sender = BroadcastSender(group, plan_layout(state, bucket_bytes))
             for _ in range(repeats + 1):  # the engine times each from the barrier; the first is a warm-up
                 barrier(group)
                 sender.send(state)
                 synchronize(learner_device)
             barrier(group)  # the engine has finished before this process tears the group down
+            log.info("sync bench: broadcasts done")
             to_host_s = timed(lambda _: HostSender().send(state), learner_device, repeats)
+            faulthandler.cancel_dump_traceback_later()
+            finished.set()
             if peer.wait(timeout=timeout_s) != 0:
                 raise RuntimeError(f"the engine process of the sync bench failed (exit {peer.returncode})")
             group.close()
@@ -149,6 +165,14 @@ def broadcast_and_host_s(state: dict, model_cfg: dict, dtype: str, engine_device
     return timings, {"to_host_s": to_host_s}
 
 
+def report_early_exit(peer: subprocess.Popen, finished: threading.Event) -> None:
+    """A peer that dies mid-sync leaves this process waiting inside NCCL: say so while it waits."""
+    while not finished.wait(1.0):
+        if peer.poll() is not None:
+            log.error("sync bench: the engine process exited (code %s) while this one waits on it", peer.returncode)
+            return
+
+
 def barrier(group) -> None:
     group.broadcast(torch.zeros(1, device=group.device)).wait()
     synchronize(str(group.device))
@@ -156,8 +180,12 @@ def barrier(group) -> None:
 
 def engine_process(request: dict) -> None:
     """Rank 1: a real engine that receives `repeats + 1` syncs, each timed from the barrier to its last copy."""
+    faulthandler.enable()  # a crash in native code prints the Python stack
     device = request["device"]
+    print(f"sync bench engine process: joining {request['address']} on {device}", file=sys.stderr, flush=True)
     group = join_group(request["address"], rank=1, world_size=2, device=device, timeout_s=request["timeout_s"])
+    print("sync bench engine process: joined", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback_later(request["stack_dump_s"])
     engine = HFEngine(build_model(request["model"], request["dtype"], device, seed=1), pad_id=0, device=device)
     receiver = BroadcastReceiver(group)
     times = []

@@ -36,12 +36,13 @@ class HFEngine(Engine):
 
     decoder: "auto" (the static decoder when the model is Llama-family, else the HF-cache loop), "static"
     or "hf". cuda_graphs: capture the static decoder's step on CUDA. compile: torch.compile that step
-    before capture (fewer, fused kernels; each new batch shape compiles again).
+    before capture (fewer, fused kernels: about 2x the tokens/s of graphs alone on the 0.5B shape, for
+    ~30 s of compilation on the first call); None = on CUDA with graphs, off on CPU.
     """
 
     def __init__(self, model: nn.Module, pad_id: int, device: torch.device | str = "cpu", seed: int = 0,
                  stop_check_every: int = 4, decoder: str = "auto", cuda_graphs: bool = True,
-                 compile: bool = False):
+                 compile: bool | None = None):
         if decoder not in ("auto", "static", "hf"):
             raise ValueError(f"decoder must be auto, static or hf, got {decoder!r}")
         self.device = torch.device(device)
@@ -51,6 +52,8 @@ class HFEngine(Engine):
         self._cache_kwarg = cache_kwarg(model)
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         use_static = decoder == "static" or (decoder == "auto" and static_decoder.supports(self.model))
+        if compile is None:
+            compile = cuda_graphs and self.device.type == "cuda"
         self._static = (static_decoder.StaticDecoder(self.model, pad_id, self._generator, cuda_graphs=cuda_graphs,
                                                      compile=compile) if use_static else None)
 

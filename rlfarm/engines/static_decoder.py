@@ -112,9 +112,11 @@ class StaticDecoder:
         self.scaling = attention.scaling
         self.cuda_graphs, self.max_cached_shapes = cuda_graphs, max_cached_shapes
         self.states: OrderedDict[tuple[int, int], DecodeState] = OrderedDict()
-        # compile fuses the many small kernels of a step (norms, rotary, sampling) before graph capture
-        self._sample_fn = torch.compile(self._sample_and_record, dynamic=False) if compile else self._sample_and_record
-        self._forward_fn = torch.compile(self._forward_next, dynamic=False) if compile else self._forward_next
+        # compile fuses the many small kernels of a step (norms, rotary, sampling) before graph capture; batch
+        # and cache length are marked dynamic (`_state`), so one compilation serves every shape
+        self.compiled = compile
+        self._sample_fn = torch.compile(self._sample_and_record) if compile else self._sample_and_record
+        self._forward_fn = torch.compile(self._forward_next) if compile else self._forward_next
 
     @property
     def device(self) -> torch.device:
@@ -132,7 +134,8 @@ class StaticDecoder:
         Returns (tokens, logprobs, generated) [num_prompts × n, steps], prompt-major, still on the device."""
         prompts, prompt_len = prompt.shape
         state = self._state(prompts * n, prompt_len + max_new_tokens)
-        step = self._graph(state, sampling) if self._use_graphs() else (lambda: self._step(state, sampling))
+        graphed = self._use_graphs() and max_new_tokens > 1  # one new token: no step to replay
+        step = self._graph(state, sampling) if graphed else (lambda: self._step(state, sampling))
         self._prefill(state, prompt, prompt_mask, n)
         steps = max_new_tokens
         for t in range(max_new_tokens - 1):
@@ -263,6 +266,14 @@ class StaticDecoder:
             step=zeros(1, dtype=torch.long), slot=zeros(1, dtype=torch.long),
             finished=zeros(batch, dtype=torch.bool), tokens=zeros(batch, cache_len, dtype=torch.long),
             logprobs=zeros(batch, cache_len, dtype=torch.float32), generated=zeros(batch, cache_len, dtype=torch.bool))
+        if self.compiled:
+            for tensor in (*state.keys, *state.values, state.key_valid, state.tokens, state.logprobs, state.generated):
+                torch._dynamo.maybe_mark_dynamic(tensor, 0)
+                torch._dynamo.maybe_mark_dynamic(tensor, -2 if tensor.dim() == 4 else 1)
+            for tensor in (state.logits, state.race, state.next_input, state.position, state.finished):
+                torch._dynamo.maybe_mark_dynamic(tensor, 0)
+            for tensor in (state.cos, state.sin):
+                torch._dynamo.maybe_mark_dynamic(tensor, 0)
         self.states[key] = state
         return state
 
@@ -274,7 +285,9 @@ class StaticDecoder:
         """The replay function of this state's step graph for these sampling settings (captured once)."""
         if sampling not in state.graphs:
             # warm up on a side stream first (compiles, and lets cuBLAS and the allocator settle); the
-            # state's contents are garbage afterwards, `_prefill` resets them
+            # state's contents are garbage afterwards, `_prefill` resets them, and the generator is put back
+            # where it was, so a seed gives the same samples with graphs as without
+            rng = self.generator.get_state()
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
@@ -285,5 +298,6 @@ class StaticDecoder:
             graph.register_generator_state(self.generator)
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._step(state, sampling)
+            self.generator.set_state(rng)
             state.graphs[sampling] = graph
         return state.graphs[sampling].replay
