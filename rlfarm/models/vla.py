@@ -117,3 +117,67 @@ class TinyVLA(nn.Module):
 def tiny_vla(vocab: Sequence[str], action_dim: int, chunk_size: int, proprio_dim: int, **config) -> TinyVLA:
     """Build from a config dict (conf/model/tiny_vla.yaml `config`) and the env's shapes."""
     return TinyVLA(vocab, action_dim, chunk_size, proprio_dim, **config)
+
+
+class HFVLAPolicy(nn.Module):
+    """An HF image-text-to-text model (Llava-style; OpenVLA's Prismatic needs remote code) as an action-token
+    policy, OpenVLA's way: the last `bins` ids of the vocabulary stand for the action bins, and decoding is
+    restricted to them, so a sampled token is always an action and its log-probability is exact under the
+    restricted softmax. K×D tokens are decoded autoregressively (each conditioned on the ones before).
+
+    No KV cache: every decoding step reruns the whole prefix. Exact and simple; a real engine would cache.
+    Prompts come as token ids of equal length (image placeholder tokens + instruction), no padding.
+    """
+
+    def __init__(self, model: nn.Module, num_tokens: int, bins: int = 256):
+        super().__init__()
+        self.model, self.num_tokens, self.bins = model, int(num_tokens), int(bins)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        if vocab < bins:
+            raise ValueError(f"the model's vocabulary ({vocab}) is smaller than {bins} action bins")
+        self.first_action_id = vocab - self.bins
+
+    def token_logprobs(self, pixel_values, input_ids, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """log π of the given action tokens [B, T] (bin indices) after the prompt, teacher-forced in one pass."""
+        full = torch.cat([input_ids, tokens.long() + self.first_action_id], dim=1)
+        out = self.model(input_ids=full, pixel_values=pixel_values, attention_mask=torch.ones_like(full),
+                         logits_to_keep=tokens.shape[1] + 1)
+        logits = out.logits[:, :-1, self.first_action_id:].float()
+        logprobs = torch.log_softmax(logits / temperature, dim=-1)
+        return logprobs.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+
+    @torch.no_grad()
+    def sample(self, pixel_values, input_ids, temperature: float = 1.0, generator: torch.Generator | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [B, K*D] as bin indices, their logprobs [B, K*D]); temperature 0 is greedy."""
+        ids, tokens, logprobs = input_ids, [], []
+        for _ in range(self.num_tokens):
+            out = self.model(input_ids=ids, pixel_values=pixel_values, attention_mask=torch.ones_like(ids),
+                             logits_to_keep=1)
+            logits = out.logits[:, -1, self.first_action_id:].float()
+            if temperature == 0:
+                token = logits.argmax(-1)
+                logprob = torch.zeros_like(token, dtype=torch.float32)
+            else:
+                step = torch.log_softmax(logits / temperature, dim=-1)
+                token = torch.multinomial(step.exp(), 1, generator=generator).squeeze(-1)
+                logprob = step.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+            tokens.append(token)
+            logprobs.append(logprob)
+            ids = torch.cat([ids, (token + self.first_action_id).unsqueeze(1)], dim=1)
+        return torch.stack(tokens, 1), torch.stack(logprobs, 1)
+
+
+def load_hf_vla(path: str, num_tokens: int, bins: int = 256, lora: dict | None = None,
+                dtype: torch.dtype | None = None) -> HFVLAPolicy:
+    """An image-text-to-text checkpoint saved with `save_pretrained`, by local path (nothing is downloaded
+    here), optionally with LoRA adapters (peft: `lora` = LoraConfig keywords, e.g. r, lora_alpha,
+    target_modules); only the adapters then train."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype or torch.float32)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(**lora))
+    return HFVLAPolicy(model, num_tokens, bins)

@@ -93,3 +93,63 @@ def test_gradient_steps_raise_a_chosen_tokens_logprob():
     after = policy.token_logprobs(*obs, target).mean().item()
     assert after > before + 1.0
     assert np.isclose(before, -math.log(256), atol=1e-5)
+
+
+# ---- HF image-text-to-text checkpoints by path (OpenVLA-style action tokens), with LoRA
+
+
+@pytest.fixture(scope="module")
+def saved_llava(tmp_path_factory):
+    """A ~50k-parameter Llava (CLIP vision + Qwen2 text) from a config, saved to a folder: no download."""
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration, Qwen2Config
+
+    torch.manual_seed(0)
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=32, patch_size=8, projection_dim=32)
+    text = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                       num_key_value_heads=2, vocab_size=300, max_position_embeddings=128)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=2, vision_feature_layer=-1,
+                         vision_feature_select_strategy="default")
+    path = tmp_path_factory.mktemp("tiny_llava")
+    LlavaForConditionalGeneration(config).save_pretrained(path)
+    return str(path)
+
+
+def _prompt(batch=3):
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.cat([torch.full((batch, 16), 2), torch.randint(3, 40, (batch, 5), generator=gen)], dim=1)  # 16 image tokens
+    return torch.randn(batch, 3, 32, 32, generator=gen), ids
+
+
+def test_hf_vla_logprobs_are_exact_and_tokens_are_action_bins(saved_llava):
+    from rlfarm.models.vla import load_hf_vla
+
+    policy = load_hf_vla(saved_llava, num_tokens=8).eval()
+    assert policy.first_action_id == 300 - 256
+    pixels, ids = _prompt()
+    tokens, logprobs = policy.sample(pixels, ids, temperature=1.6, generator=torch.Generator().manual_seed(1))
+    assert tokens.shape == (3, 8) and 0 <= tokens.min() and tokens.max() < 256
+    recomputed = policy.token_logprobs(pixels, ids, tokens, temperature=1.6)
+    assert (recomputed - logprobs).abs().max() < 1e-4
+    greedy, _ = policy.sample(pixels, ids, temperature=0)
+    assert (policy.token_logprobs(pixels, ids, greedy) >= policy.token_logprobs(pixels, ids, tokens) - 1e-6).all()
+
+
+def test_hf_vla_lora_trains_only_the_adapters(saved_llava):
+    from rlfarm.models.vla import load_hf_vla
+
+    policy = load_hf_vla(saved_llava, num_tokens=4, lora={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]})
+    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    frozen = {n: p.detach().clone() for n, p in policy.named_parameters() if not p.requires_grad}
+    pixels, ids = _prompt()
+    target = torch.full((3, 4), 7)
+    optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+    before = policy.token_logprobs(pixels, ids, target).mean().item()
+    for _ in range(10):
+        loss = -policy.token_logprobs(pixels, ids, target).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert policy.token_logprobs(pixels, ids, target).mean().item() > before + 0.1
+    assert all(torch.equal(frozen[n], p) for n, p in policy.named_parameters() if n in frozen)
