@@ -106,7 +106,7 @@ def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
         pool = spec.get("pool")
         if gpus > 1 and gpus != int(gpus):
             raise TopologyError(f"topology.roles.{role}.gpus={gpus:g}: a share above 1 GPU must be whole",
-                                f"use a fraction <= 1 or a whole number of GPUs")
+                                "use a fraction <= 1 or a whole number of GPUs")
         if pool is None:
             if gpus > 0:
                 raise TopologyError(f"role '{role}' asks for {gpus:g} GPU but has no pool",

@@ -26,3 +26,11 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def save_atomic(state: dict, path: str) -> str:
+    """torch.save to a temp file, then rename: a crash mid-write never leaves a half-written checkpoint."""
+    tmp = f"{path}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return path

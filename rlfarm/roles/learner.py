@@ -21,7 +21,7 @@ from hydra.utils import instantiate
 from rlfarm.buffers.replay import ReplayBuffer
 from rlfarm.buffers.sampler import UniformSampler
 from rlfarm.buffers.storage import TensorStorage
-from rlfarm.roles.common import assigned_device, limit_threads, seed_everything
+from rlfarm.roles.common import assigned_device, limit_threads, save_atomic, seed_everything
 
 UPDATES_PER_BURST = 8  # updates between looks at the inbox: small enough to ack and publish promptly
 GRAPHED_BURST = 32     # with CUDA graphs (8 updates per replay) a burst of 8 is ~2 ms: look less often
@@ -205,10 +205,7 @@ class Learner:
                      "torch_rng": torch.get_rng_state(), "extra": extra or {}}
             if with_buffer:
                 state["buffer"] = self.buffer.state_dict()
-            tmp = f"{path}.tmp"
-            torch.save(state, tmp)
-        os.replace(tmp, path)
-        return path
+            return save_atomic(state, path)
 
     def load(self, path: str) -> dict:
         """Restore a checkpoint written by `save` (weights_only: no code runs from the file). Returns `extra`."""

@@ -6,7 +6,6 @@ new weights in the object store once, so every runner fetches the same copy.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import ray
@@ -15,7 +14,7 @@ from hydra.utils import instantiate
 
 from rlfarm.algos.ppo_trainer import PPOConfig, flatten_for_update, ppo_update
 from rlfarm.buffers.rollout import EnvRollout
-from rlfarm.roles.common import assigned_device, limit_threads, seed_everything
+from rlfarm.roles.common import assigned_device, limit_threads, save_atomic, seed_everything
 
 
 class PPOLearner:
@@ -59,10 +58,7 @@ class PPOLearner:
         state = {"agent": {"actor": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
                  "updates": self.updates, "version": self.version, "gradient_steps": self.gradient_steps,
                  "torch_rng": torch.get_rng_state(), "generator": self.generator.get_state(), "extra": extra or {}}
-        tmp = f"{path}.tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-        return path
+        return save_atomic(state, path)
 
     def load(self, path: str) -> dict:
         """Restore a checkpoint written by `save`. Returns its `extra` (the driver's counters)."""
