@@ -62,8 +62,12 @@ class TinyVLA(nn.Module):
         self.image_proj = nn.Linear(image_features, width)
         self.words = nn.Embedding(self.tokenizer.vocab_size, width, padding_idx=PAD)
         self.proprio = nn.Linear(proprio_dim, width)
-        self.trunk = nn.Sequential(nn.Linear(3 * width, 2 * width), nn.ReLU(), nn.Linear(2 * width, 2 * width),
-                                   nn.ReLU())
+        # Tanh, not ReLU: zero-centred features. With ReLU the features share a large common part across all
+        # observations, the head learned through it as through a bias, and GRPO collapsed every instruction onto
+        # whichever direction got ahead first (measured: identical actions for "left" and "right"); with tanh both
+        # directions are learned.
+        self.trunk = nn.Sequential(nn.Linear(3 * width, 2 * width), nn.Tanh(), nn.Linear(2 * width, 2 * width),
+                                   nn.Tanh())
         self.head = nn.Linear(2 * width, self.num_tokens * self.bins)
         # Bin-position feature: one more output per token weighs the bin's centre c in [-1, 1], so that a single
         # parameter moves mass toward one end of the range. Free per-bin logits alone (OpenVLA's LM head) learn
