@@ -1,6 +1,7 @@
 """`rlfarm train`: compose, validate, place the roles, run the family's loop, write the run directory."""
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import signal
@@ -15,7 +16,7 @@ from rlfarm.commands.common import check_local_cluster, compose_checked
 from rlfarm.config import validate
 from rlfarm.errors import ConfigError, Preempted, RlfarmError
 from rlfarm.run import Run, discard_run_dir, is_run_dir, newest_checkpoint
-from rlfarm.telemetry.summary import onpolicy_paragraph, ppo_paragraph, summary_paragraph
+from rlfarm.telemetry.summary import onpolicy_paragraph, ppo_paragraph, summary_paragraph, vla_paragraph
 from rlfarm.topology import PlacedTopology, plan_topology
 
 log = logging.getLogger("rlfarm")
@@ -101,8 +102,7 @@ def task(cfg: DictConfig) -> dict:
         else:
             run.fail(message)
         fail(message if isinstance(error, RlfarmError) else f"{type(error).__name__}: {message}")
-    paragraph = {"offpolicy": summary_paragraph, "onpolicy_env": ppo_paragraph}.get(cfg.algo.family, onpolicy_paragraph)
-    log.info(paragraph(cfg, summary, run_dir))
+    log.info(PARAGRAPHS[cfg.algo.family](cfg, summary, run_dir))
     return summary
 
 
@@ -118,44 +118,31 @@ def resume_from_dir_is_new(cfg: DictConfig, run_dir: str) -> bool:
     return not is_run_dir(run_dir)
 
 
-def train_family(cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None) -> dict:
-    if cfg.algo.family == "offpolicy":
-        from rlfarm.loops.offpolicy import OffPolicyLoop
+# algo.family → (loop module, loop class, resumable: takes `resume_from` and checkpoints on SIGTERM)
+LOOPS = {"offpolicy": ("rlfarm.loops.offpolicy", "OffPolicyLoop", True),
+         "onpolicy": ("rlfarm.loops.onpolicy", "OnPolicyLoop", False),
+         "onpolicy_env": ("rlfarm.loops.ppo", "PPOLoop", True),
+         "vla": ("rlfarm.loops.vla", "VLALoop", False)}
+PARAGRAPHS = {"offpolicy": summary_paragraph, "onpolicy": onpolicy_paragraph, "onpolicy_env": ppo_paragraph,
+              "vla": vla_paragraph}
 
-        loop = OffPolicyLoop(cfg, run, placed, resume_from)
+
+def train_family(cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None) -> dict:
+    if cfg.algo.family not in LOOPS:
+        raise RlfarmError(f"algo family '{cfg.algo.family}' has no training loop",
+                          "use algo=sac, algo=ppo, algo=grpo or experiment=simplevla")
+    module, name, resumable = LOOPS[cfg.algo.family]
+    if resume_from and not resumable:
+        raise RlfarmError(f"resume is not supported for the '{cfg.algo.family}' family yet", "start a new run")
+    loop_class = getattr(importlib.import_module(module), name)
+    if resumable:
+        loop = loop_class(cfg, run, placed, resume_from)
         # Slurm sends SIGTERM before it kills a job: checkpoint and exit with PREEMPTED_EXIT.
         signal.signal(signal.SIGTERM, lambda *_: loop.request_preemption())
-        summary = loop.train()
-        if cfg.run.checkpoint:
-            summary["checkpoint"] = loop.checkpoint()
-        run.finish(summary)
-        return summary
-    if cfg.algo.family == "onpolicy":
-        from rlfarm.loops.onpolicy import OnPolicyLoop
-
-        loop = OnPolicyLoop(cfg, run, placed)
-        summary = loop.train()
-        if cfg.run.checkpoint:
-            summary["checkpoint"] = loop.checkpoint()
-        run.finish(summary)
-        return summary
-    if cfg.algo.family == "onpolicy_env":
-        from rlfarm.loops.ppo import PPOLoop
-
-        loop = PPOLoop(cfg, run, placed, resume_from)
-        signal.signal(signal.SIGTERM, lambda *_: loop.request_preemption())
-        summary = loop.train()
-        if cfg.run.checkpoint:
-            summary["checkpoint"] = loop.checkpoint()
-        run.finish(summary)
-        return summary
-    if cfg.algo.family == "vla":
-        from rlfarm.loops.vla import VLALoop
-
-        loop = VLALoop(cfg, run, placed)
-        summary = loop.train()
-        if cfg.run.checkpoint:
-            summary["checkpoint"] = loop.checkpoint()
-        run.finish(summary)
-        return summary
-    raise RlfarmError(f"algo family '{cfg.algo.family}' has no training loop", "use algo=sac, algo=ppo or algo=grpo")
+    else:
+        loop = loop_class(cfg, run, placed)
+    summary = loop.train()
+    if cfg.run.checkpoint:
+        summary["checkpoint"] = loop.checkpoint()
+    run.finish(summary)
+    return summary

@@ -40,3 +40,17 @@ def ppo_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
             f"({s['gradient_steps']:,} gradient steps); mean return of the last 10 episodes "
             f"{'n/a' if ret is None else f'{ret:.1f}'}{reached}. Run dir: {run_dir} "
             f"(curves: tensorboard --logdir {run_dir}/tb).")
+
+
+def vla_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
+    reached = "" if s.get("target_success") is None else \
+        f" ({'reached' if s.get('reached_target') else 'did not reach'} the target {s['target_success']})"
+    return (f"Done: {cfg.algo.name} on {cfg.env.id} ({cfg.topology.name}) ran {s['updates']:,} updates "
+            f"({s['samples']:,} episodes, {s['env_steps']:,} env steps) in {s['wall_s']:.0f} s; success rate "
+            f"{_rate(s.get('success_rate_start'))} at the start → {_rate(s.get('success_rate'))} over the last "
+            f"updates{reached}. "
+            f"Run dir: {run_dir}.")
+
+
+def _rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
