@@ -62,7 +62,7 @@ stop_pidfile() {  # stop_pidfile NAME FILE: TERM, wait up to 10 s, then KILL —
 write_conf() {
     local host cpus mem_mb
     host=$(hostname -s)
-    cpus=${RLFARM_SLURM_CPUS:-$(nproc)}
+    cpus=${RLFARM_SLURM_CPUS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}  # nproc obeys OMP_NUM_THREADS
     # RealMemory must not exceed what slurmd finds, or the node is drained ("Low RealMemory").
     mem_mb=$(awk '/MemTotal/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
     cat >"$CONF" <<EOF

@@ -28,3 +28,18 @@ def ray_cpu():
              log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _restore_thread_settings():
+    """Roles built in-process (e.g. the VLA rollout worker) call limit_threads, which sets torch's threads and
+    OMP_NUM_THREADS for the whole process; later tests (and tools like nproc that obey it) must not inherit that."""
+    import torch
+
+    threads, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    yield
+    torch.set_num_threads(threads)
+    if omp is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = omp
