@@ -43,3 +43,12 @@ def _restore_thread_settings():
         os.environ.pop("OMP_NUM_THREADS", None)
     else:
         os.environ["OMP_NUM_THREADS"] = omp
+
+
+@pytest.fixture
+def one_torch_thread():
+    """For tiny models: extra threads only add overhead (and stall on a shared 2-core machine).
+    `_restore_thread_settings` puts the previous count back after the test."""
+    import torch
+
+    torch.set_num_threads(1)

@@ -10,13 +10,7 @@ from rlfarm.buffers.rollout import EnvRollout
 from rlfarm.models.actor_critic import ActorCritic
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny MLPs: threads only add overhead (and stall on a shared 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny MLPs: threads only add overhead
 
 
 def fixed_rollout(model: ActorCritic, steps: int = 16, envs: int = 4, seed: int = 0) -> EnvRollout:

@@ -13,13 +13,7 @@ from rlfarm.roles.ppo_learner import PPOLearner
 from rlfarm.roles.rollout import RolloutRunner
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny MLPs: threads only add overhead (and stall on a shared 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny MLPs: threads only add overhead
 
 
 def ppo_cfg(env: str, *overrides: str):
