@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict, deque
+from collections import deque
 
 import numpy as np
 import ray
@@ -35,7 +35,9 @@ class OffPolicyLoop:
         self.roles: OffPolicyRoles = start_offpolicy_roles(cfg, placed, str(run.dir / "quarantine"))
         self.supervisor = Supervisor(self.roles.runners, self.roles.labelers, int(cfg.run.max_restarts),
                                      run.dir / "roles.json")
-        self._steps_before_restart: dict[int, int] = defaultdict(int)
+        # (runner index, incarnation key) of each dead runner incarnation → the env steps it last reported.
+        self._reported_by_dead: dict[tuple[int, int], int] = {}
+        self._budgets: dict[int, int] = {}
         self.returns: deque[float] = deque(maxlen=RETURN_WINDOW)
         self.episodes = 0
         self.epoch = 0
@@ -159,9 +161,11 @@ class OffPolicyLoop:
             resent = sum(ray.get([r.redispatch.remote(worker.index) for r in roles.runners]))
             detail = {"chunks_resent": resent}
         else:
-            self._steps_before_restart[worker.index] += int(worker.stats.get("env_steps", 0))
-            remaining = max(self.shares[worker.index] - self._steps_before_restart[worker.index], 0)
-            learning = ray.get(roles.learner.stats.remote())["updates"] > 0
+            self._reported_by_dead[(worker.index, incarnation_key(self.epoch, worker.incarnation))] = \
+                int(worker.stats.get("env_steps", 0))
+            learner = ray.get(roles.learner.stats.remote())
+            remaining = self._budgets[worker.index] = self._runner_budget(worker.index, learner)
+            learning = learner["updates"] > 0
             ray.get(worker.actor.set_labelers.remote(roles.labelers))
             roles.learner.push_weights.remote()
             worker.done = worker.actor.run.remote(remaining, first_seq(self.epoch, incarnation),
@@ -186,6 +190,26 @@ class OffPolicyLoop:
         refs = [learner_done, *(w.done for w in self.supervisor.of("labeler"))]
         ray.wait(refs, num_returns=len(refs), timeout=FLUSH_TIMEOUT_S)
         self._watch(learner_done)
+
+    def _dead_runner_steps(self, index: int, learner: dict) -> int:
+        """Env steps the dead incarnations of runner `index` took: what they last reported, or more if more of
+        their chunks reached the learner since (the report is up to one metrics interval old)."""
+        settled = learner["settled_by_runner"]
+        return sum(max(reported, settled.get(key, 0)) for key, reported in self._reported_by_dead.items()
+                   if key[0] == index)
+
+    def _runner_budget(self, index: int, learner: dict) -> int:
+        return max(self.shares[index] - self._dead_runner_steps(index, learner), 0)
+
+    def _tighten_budgets(self, learner: dict) -> None:
+        """A dead runner's last chunks can reach the learner after its successor started: lower the
+        successor's step budget by them, so the run never takes more than total_env_steps."""
+        for worker in self.supervisor.of("env_runner"):
+            if worker.index in self._budgets:
+                budget = self._runner_budget(worker.index, learner)
+                if budget < self._budgets[worker.index]:
+                    self._budgets[worker.index] = budget
+                    worker.actor.set_budget.remote(budget)
 
     def _settled_by_dead(self, learner: dict) -> int:
         """Transitions stored or quarantined that dead runner incarnations produced (this epoch)."""
@@ -214,8 +238,10 @@ class OffPolicyLoop:
         live = lambda stats, key: sum(s.get(key, 0) for s in stats)  # noqa: E731 - a restarting worker has {}
         now = time.monotonic()
         off = self.offset
+        self._tighten_budgets(learner)
         dead_runners, dead_labelers = self._settled_by_dead(learner), self._delivered_by_dead(learner)
-        counters = {"env_steps": off["env_steps"] + live(runners, "env_steps") + dead_runners,
+        dead_steps = sum(self._dead_runner_steps(i, learner) for i in {i for i, _ in self._reported_by_dead})
+        counters = {"env_steps": off["env_steps"] + live(runners, "env_steps") + dead_steps,
                     "produced": off["produced"] + live(runners, "produced") + dead_runners,
                     "labeled": off["labeled"] + live(labelers, "labeled") + dead_labelers - learner["duplicate_transitions"],
                     "stored": learner["stored"], "updates": learner["updates"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -58,6 +59,7 @@ class EnvRunner:
         self.policy_version = 0
         self.labelers: list = []
         self.env_steps = self.produced = self.chunks = 0
+        self.max_env_steps = sys.maxsize  # run() and set_budget() lower it
         self.credit_wait_s = 0.0
         self.finished_returns: deque[float] = deque()
         self.finished_lengths: deque[int] = deque()
@@ -94,6 +96,10 @@ class EnvRunner:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def set_budget(self, max_env_steps: int) -> None:
+        """Lower this runner's step budget mid-run (its predecessor's last chunks turned up late)."""
+        self.max_env_steps = min(max_env_steps, self.max_env_steps)
 
     # -- acting ------------------------------------------------------------------------------------
     def _refresh_policy(self) -> None:
@@ -137,9 +143,11 @@ class EnvRunner:
         runner is told how many random steps it still owes (usually none: it acts with the learner's policy)."""
         if random_steps is not None:
             self.random_steps = random_steps
+        # A budget lowered by set_budget before this call started (threaded actor: no order) still holds.
+        self.max_env_steps = min(max_env_steps, self.max_env_steps)
         obs = self.env.reset()
         seq = first_seq
-        while self.env_steps < max_env_steps and not self._stop.is_set():
+        while self.env_steps < self.max_env_steps and not self._stop.is_set():
             waited = time.monotonic()
             while not self.credits.acquire(timeout=0.1):
                 if self._stop.is_set():
@@ -147,7 +155,10 @@ class EnvRunner:
             self.credit_wait_s += time.monotonic() - waited
             self._refresh_policy()
             # The last chunk is cut short so the run stops at its step budget, not a chunk later.
-            steps = min(self.chunk_steps, -(-(max_env_steps - self.env_steps) // obs.shape[0]))
+            steps = min(self.chunk_steps, -(-(self.max_env_steps - self.env_steps) // obs.shape[0]))
+            if steps <= 0:  # the budget was lowered while waiting for a credit
+                self.credits.release()
+                break
             chunk, obs = self._collect_chunk(obs, steps)
             meta = {"runner": self.index, "seq": seq, "incarnation": incarnation, "produced_at": time.time(),
                     "policy_version": self.policy_version, "size": len(chunk["obs"])}

@@ -48,7 +48,7 @@ def test_broadcast_sync_gives_the_engine_the_learners_weights_each_round(ray_cpu
 def test_grpo_loop_runs_with_broadcast_sync(tmp_path):
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", "experiment=grpo_digits", f"hydra.run.dir={run_dir}",
-                          "run.live=false", "algo.max_updates=3", "algo.prompts_per_step=4", "+algo.weight_sync=broadcast"],
+                          "run.live=false", "algo.max_updates=3", "algo.prompts_per_step=4", "algo.weight_sync=broadcast"],
                          capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert "weight sync learner → engine: broadcast" in out.stdout + out.stderr
