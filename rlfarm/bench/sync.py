@@ -132,11 +132,12 @@ def broadcast_and_host_s(state: dict, model_cfg: dict, dtype: str, engine_device
     store = serve_rendezvous(world_size=2, timeout_s=timeout_s)
     with tempfile.TemporaryDirectory(prefix="rlfarm-bench-sync-") as folder:
         request, result = Path(folder) / "request.json", Path(folder) / "result.json"
+        peer_env, peer_device = engine_view(engine_device)
         request.write_text(json.dumps({"address": f"127.0.0.1:{store.port}", "model": model_cfg, "dtype": dtype,
-                                       "device": engine_device, "repeats": repeats, "timeout_s": timeout_s,
+                                       "device": peer_device, "repeats": repeats, "timeout_s": timeout_s,
                                        "result": str(result), "stack_dump_s": stack_dump_s}))
         peer = subprocess.Popen([sys.executable, "-m", "rlfarm.bench.sync", str(request)],
-                                env={**os.environ, **SAFE_NCCL_ENV})
+                                env={**os.environ, **SAFE_NCCL_ENV, **peer_env})
         finished = threading.Event()
         threading.Thread(target=report_early_exit, args=(peer, finished), daemon=True).start()
         try:
@@ -163,6 +164,17 @@ def broadcast_and_host_s(state: dict, model_cfg: dict, dtype: str, engine_device
                 peer.kill()
     timings["buckets"] = len(sender.layout.buckets)
     return timings, {"to_host_s": to_host_s}
+
+
+def engine_view(engine_device: str) -> tuple[dict, str]:
+    """The engine process sees only its own GPU, as an engine role placed by Ray does (CUDA_VISIBLE_DEVICES),
+    so NCCL picks the transport the training loop gets."""
+    device = torch.device(engine_device)
+    if device.type != "cuda":
+        return {}, engine_device
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = visible.split(",")[device.index] if visible else str(device.index)
+    return {"CUDA_VISIBLE_DEVICES": physical}, "cuda:0"
 
 
 def report_early_exit(peer: subprocess.Popen, finished: threading.Event) -> None:

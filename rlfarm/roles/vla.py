@@ -83,15 +83,17 @@ def policy_inputs(policy: TinyVLA, images, instructions, proprios, device="cpu")
 
 
 class VLARolloutWorker:
-    def __init__(self, cfg: VLAConfig, groups: int, index: int = 0, threads: int = 1):
+    def __init__(self, cfg: VLAConfig, groups: int, index: int = 0, threads: int = 1, device: str | None = None):
+        """`device`: where inference runs; None takes the GPU Ray gave this worker, if any, else the CPU."""
         limit_threads(threads)
         self.cfg, self.index = cfg, index
+        self.device = device or (assigned_device() if ray.is_initialized() else "cpu")
         self.envs = [make_env(cfg) for _ in range(groups * cfg.group_size)]
-        self.policy = build_policy(cfg, self.envs[0]).eval()
+        self.policy = build_policy(cfg, self.envs[0]).to(self.device).eval()
         space = self.envs[0].unwrapped.action_space
         self.action_tokenizer = ActionTokenizer(space.low, space.high, cfg.bins)  # actions are already [-1, 1]
         self.calls = -(-self.envs[0].unwrapped.max_steps // cfg.chunk_size)  # policy calls per episode, at most
-        self.generator = torch.Generator().manual_seed(cfg.seed * 7919 + index)
+        self.generator = torch.Generator(self.device).manual_seed(cfg.seed * 7919 + index)
         self.env_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-group")
         self.version = 0
 
@@ -150,15 +152,15 @@ class VLARolloutWorker:
         """Sample action tokens for the live envs, record the call, return their action chunks [len(live), K, D]."""
         obs = [state["obs"][i] for i in live]
         image, words, proprio = policy_inputs(self.policy, [o["image"] for o in obs], [o["instruction"] for o in obs],
-                                              [o["proprio"] for o in obs])
+                                              [o["proprio"] for o in obs], self.device)
         tokens, logprobs = self.policy.sample(image, words, proprio, self.cfg.temperature, self.generator)
         call = state["call"][live]
         for name, value in (("image", image), ("words", words), ("proprio", proprio), ("tokens", tokens),
                             ("logprobs", logprobs)):
-            batch[name][live, call] = value.numpy()
+            batch[name][live, call] = value.cpu().numpy()  # the sampled tokens: the one host sync per call
         batch["called"][live, call] = True
         state["call"][live] += 1
-        tokens = tokens.numpy().reshape(len(live), self.cfg.chunk_size, -1)
+        tokens = batch["tokens"][live, call].reshape(len(live), self.cfg.chunk_size, -1)
         return self.action_tokenizer.decode(tokens)
 
     def _step_envs(self, live: np.ndarray, actions: np.ndarray, state: dict, batch: dict) -> None:

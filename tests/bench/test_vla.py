@@ -1,0 +1,27 @@
+"""`rlfarm bench vla` on CPU: the sequential loop, one pipelined worker and a two-process farm, each with env
+steps/s and its inference share, next to the sequential loop's (a smoke test: no timing assertions)."""
+import json
+
+import pytest
+
+from helpers import rlfarm
+
+pytest.importorskip("sapien", reason="the VLA bench steps SAPIEN envs: pip install -e .[sim]")
+
+
+def test_bench_vla_on_cpu_compares_pipelined_rollouts_with_the_sequential_loop(tmp_path):
+    out = rlfarm("bench", "vla", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {row["case"]: row for row in json.loads((tmp_path / "run" / "bench.json").read_text())["rows"]}
+    steps = ["sequential", "pipelined", "pipelined × 2 workers"]
+    busy = [f"{case}: inference share of wall time" for case in steps]
+    assert set(rows) == set(steps) | set(busy)
+    for case in steps:
+        row = rows[case]
+        # the same workload in every case: 16 envs, one timed rollout each, 8 steps an episode at most
+        assert row["envs"] == 16 and 16 <= row["env_steps"] <= 16 * 8 and row["value"] > 0
+        assert row["inference_calls"] > 0 and row["env_s"] > 0 and row["infer_s"] > 0
+    assert rows["pipelined × 2 workers"]["workers"] == 2 and rows["sequential"]["pipeline"] is False
+    for case in steps[1:] + busy[1:]:
+        assert rows[case]["ratio"] > 0
+    assert rows["sequential"]["baseline"] is None and rows["pipelined"]["baseline"] == "sequential"
