@@ -122,7 +122,7 @@ def resume_from_dir_is_new(cfg: DictConfig, run_dir: str) -> bool:
 LOOPS = {"offpolicy": ("rlfarm.loops.offpolicy", "OffPolicyLoop", True),
          "onpolicy": ("rlfarm.loops.onpolicy", "OnPolicyLoop", False),
          "onpolicy_env": ("rlfarm.loops.ppo", "PPOLoop", True),
-         "vla": ("rlfarm.loops.vla", "VLALoop", False)}
+         "vla": ("rlfarm.loops.vla", "VLALoop", True)}
 PARAGRAPHS = {"offpolicy": summary_paragraph, "onpolicy": onpolicy_paragraph, "onpolicy_env": ppo_paragraph,
               "vla": vla_paragraph}
 

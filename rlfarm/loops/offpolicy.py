@@ -11,6 +11,7 @@ import ray
 from omegaconf import DictConfig
 
 from rlfarm.errors import Preempted
+from rlfarm.loops.checkpoints import PeriodicCheckpoints
 from rlfarm.loops.roles import OffPolicyRoles, start_offpolicy_roles
 from rlfarm.loops.supervision import Supervisor, Worker, WorkerLost, first_seq, incarnation_key
 from rlfarm.run import Run
@@ -29,7 +30,7 @@ class RoleFailed(RuntimeError):
 
 
 
-class OffPolicyLoop:
+class OffPolicyLoop(PeriodicCheckpoints):
     def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None):
         self.cfg, self.run = cfg, run
         self.roles: OffPolicyRoles = start_offpolicy_roles(cfg, placed, str(run.dir / "quarantine"))
@@ -45,8 +46,7 @@ class OffPolicyLoop:
         self.started = time.monotonic()
         self._previous: dict | None = None
         self._out_of_time = False
-        self._preempt = False
-        self._last_checkpoint = (0, time.monotonic())  # (updates, time)
+        self._start_checkpoints()
         if resume_from:
             self._resume(resume_from)
 
@@ -71,22 +71,6 @@ class OffPolicyLoop:
         extra = {"epoch": self.epoch, "episodes": self.episodes, "returns": list(self.returns),
                  "wall_s": self.offset["wall_s"] + time.monotonic() - self.started}
         return ray.get(self.roles.learner.save.remote(str(self.run.checkpoint_dir / name), with_buffer, extra))
-
-    def request_preemption(self) -> None:
-        """Signal-handler side: only sets a flag; the loop checkpoints on its next tick."""
-        self._preempt = True
-
-    def _maybe_checkpoint(self, updates: int) -> None:
-        every_updates, every_min = self.cfg.run.checkpoint_every_updates, self.cfg.run.checkpoint_every_min
-        last_updates, last_time = self._last_checkpoint
-        due = (every_updates and updates - last_updates >= every_updates) or \
-              (every_min and time.monotonic() - last_time >= 60 * every_min)
-        if due:
-            path = self.checkpoint(f"step_{updates:09d}.pt")
-            self._last_checkpoint = (updates, time.monotonic())
-            for old in sorted(self.run.checkpoint_dir.glob("step_*.pt"))[:-2]:  # keep the newest two
-                old.unlink(missing_ok=True)
-            log.info("checkpoint %s", path)
 
     def train(self) -> dict:
         roles, total, sup = self.roles, int(self.cfg.total_env_steps), self.supervisor

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.envs.spaces import env_policy_dims
 from rlfarm.errors import Preempted
+from rlfarm.loops.checkpoints import PeriodicCheckpoints
 from rlfarm.roles.ppo_learner import PPOLearner
 from rlfarm.roles.rollout import RolloutRunner
 from rlfarm.run import Run
@@ -30,7 +31,7 @@ LEARNER_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fract
                 "grad_norm", "gradient_steps", "lr", "staleness", "update_s")
 
 
-class PPOLoop:
+class PPOLoop(PeriodicCheckpoints):
     def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None):
         self.cfg, self.run = cfg, run
         as_dict = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731 - plain dicts travel to actors
@@ -49,8 +50,7 @@ class PPOLoop:
         self.episodes = self.env_steps = 0
         self.wall_offset = 0.0
         self.started = time.monotonic()
-        self._preempt = False
-        self._last_checkpoint = (0, time.monotonic())
+        self._start_checkpoints()
         if resume_from:
             self._resume(resume_from)
 
@@ -121,10 +121,6 @@ class PPOLoop:
                  "wall_s": self.wall_offset + time.monotonic() - self.started}
         return ray.get(self.learner.save.remote(str(self.run.checkpoint_dir / name), extra))
 
-    def request_preemption(self) -> None:
-        """Signal-handler side: only sets a flag; the loop checkpoints after the current cycle."""
-        self._preempt = True
-
     def _resume(self, path: str) -> None:
         """Continue from a checkpoint: the learner restores weights and optimizer; counters continue.
         Episodes that were running at the checkpoint are lost: the runners start fresh ones."""
@@ -134,13 +130,3 @@ class PPOLoop:
         self.wall_offset = float(extra["wall_s"])
         self.run.truncate_metrics(after_env_steps=self.env_steps)
         log.info("resumed from %s at %d env steps", path, self.env_steps)
-
-    def _maybe_checkpoint(self, updates: int) -> None:
-        every_updates, every_min = self.cfg.run.checkpoint_every_updates, self.cfg.run.checkpoint_every_min
-        last_updates, last_time = self._last_checkpoint
-        if (every_updates and updates - last_updates >= every_updates) or \
-                (every_min and time.monotonic() - last_time >= 60 * every_min):
-            self.checkpoint(f"step_{updates:09d}.pt")
-            self._last_checkpoint = (updates, time.monotonic())
-            for old in sorted(self.run.checkpoint_dir.glob("step_*.pt"))[:-2]:  # keep the newest two
-                old.unlink(missing_ok=True)

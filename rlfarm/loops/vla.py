@@ -17,7 +17,9 @@ import numpy as np
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from rlfarm.errors import ConfigError
+from rlfarm.envs.vla_tasks import check_vla_task
+from rlfarm.errors import ConfigError, Preempted
+from rlfarm.loops.checkpoints import PeriodicCheckpoints
 from rlfarm.roles.vla import VLAConfig, VLALearner, VLARolloutWorker
 from rlfarm.run import Run
 from rlfarm.telemetry.live import LiveView
@@ -33,7 +35,8 @@ def vla_config(cfg: DictConfig) -> VLAConfig:
     algo = OmegaConf.to_container(cfg.algo, resolve=True)
     fields = {k: v for k, v in algo.items() if k in VLAConfig.__dataclass_fields__}
     env = OmegaConf.to_container(cfg.env, resolve=True)
-    return VLAConfig(**fields, env=dict(env.get("kwargs") or {}), chunk_size=int(env["chunk_size"]),
+    check_vla_task(str(env["id"]))
+    return VLAConfig(**fields, env_id=str(env["id"]), env=dict(env.get("kwargs") or {}), chunk_size=int(env["chunk_size"]),
                      bins=int(env.get("bins", 256)), model=OmegaConf.to_container(cfg.model.config, resolve=True),
                      seed=int(cfg.seed))
 
@@ -46,8 +49,8 @@ def split_groups(groups: int, workers: int) -> list[int]:
     return [len(part) for part in np.array_split(np.arange(groups), workers)]
 
 
-class VLALoop:
-    def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology):
+class VLALoop(PeriodicCheckpoints):
+    def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None):
         self.cfg, self.run = cfg, run
         self.vla = vla_config(cfg)
         plan = placed.plan
@@ -62,7 +65,11 @@ class VLALoop:
         self.times: dict[str, list[float]] = {key: [] for key in TIME_KEYS}
         self.first_success: float | None = None
         self.env_steps = self.episodes = 0
+        self.first_update, self.updates, self.wall_offset = 1, 0, 0.0
         self.started = time.monotonic()
+        self._start_checkpoints()
+        if resume_from:
+            self._resume(resume_from)
 
     def train(self) -> dict:
         weights = self.learner.publish.remote()
@@ -71,9 +78,12 @@ class VLALoop:
         target, row = self.cfg.algo.target_success, {}
         with LiveView(f"rlfarm · simplevla · {self.cfg.env.id} · {self.cfg.topology.name}", self.cfg.run.live,
                       columns="onpolicy") as view:
-            for update in range(1, int(self.cfg.algo.max_updates) + 1):
+            for update in range(self.first_update, int(self.cfg.algo.max_updates) + 1):
                 weights, row = self._step(update, weights)
                 view.update(row)
+                self._maybe_checkpoint(update)
+                if self._preempt:
+                    raise Preempted(self.checkpoint("preempted.pt"))
                 if self._done(row, target):
                     break
         return self._summary(row, target)
@@ -100,6 +110,7 @@ class VLALoop:
     def _record(self, update: int, stats: list[dict], metrics: dict, rollout_s: float, update_s: float,
                 step_s: float) -> dict:
         steps = sum(s["env_steps"] for s in stats)
+        self.updates = update
         self.env_steps += steps
         self.episodes += sum(s["episodes"] for s in stats)
         self.successes.append(metrics["success_rate"])
@@ -112,7 +123,7 @@ class VLALoop:
                   "env_steps_per_s": steps / max(rollout_s, 1e-9)}
         for key in TIME_KEYS:
             self.times[key].append(timing[key])
-        wall = time.monotonic() - self.started
+        wall = self.wall_offset + time.monotonic() - self.started
         success = float(np.mean(self.successes))
         row = {"updates": update, "env_steps": self.env_steps, "samples": self.episodes, "wall_s": round(wall, 3),
                "success_rate_mean": success, "reward": metrics["success_rate"], "reward_mean": success, "inference_calls": slowest["inference_calls"],
@@ -135,10 +146,30 @@ class VLALoop:
         success = row.get("success_rate_mean", 0.0)
         return {"success_rate": success, "success_rate_start": self.first_success, "reward_mean": success,
                 "updates": row.get("updates", 0), "samples": self.episodes, "env_steps": self.env_steps,
-                "wall_s": round(time.monotonic() - self.started, 2), "target_success": target,
+                "wall_s": round(self.wall_offset + time.monotonic() - self.started, 2), "target_success": target,
                 "reached_target": bool(target is not None and success >= target),
                 "target_reward": target, "pipeline": self.vla.pipeline,
                 "median": {key: round(float(np.median(v)), 4) for key, v in self.times.items() if v}}
 
+    # -- checkpoints ---------------------------------------------------------------------------------
     def checkpoint(self, name: str = "final.pt") -> str:
-        return ray.get(self.learner.save.remote(str(self.run.checkpoint_dir / name)))
+        extra = {"updates": self.updates, "env_steps": self.env_steps,
+                 "episodes": self.episodes, "successes": list(self.successes), "first_success": self.first_success,
+                 "times": self.times, "wall_s": self.wall_offset + time.monotonic() - self.started}
+        return ray.get(self.learner.save.remote(str(self.run.checkpoint_dir / name), extra))
+
+    def _resume(self, path: str) -> None:
+        """Continue after the checkpoint's update: the learner restores weights, optimizer and version; the
+        counters, the success window and the timings continue. Seeds depend on the update number, so the
+        resumed run draws the initial states the uninterrupted one would have."""
+        extra = ray.get(self.learner.load.remote(path))
+        self.updates = int(extra["updates"])
+        self.first_update = self.updates + 1
+        self.env_steps, self.episodes = int(extra["env_steps"]), int(extra["episodes"])
+        self.successes.extend(extra["successes"])
+        self.first_success = extra["first_success"]
+        self.times = {key: list(extra["times"].get(key, [])) for key in TIME_KEYS}
+        self.wall_offset = float(extra["wall_s"])
+        self._start_checkpoints(int(extra["updates"]))
+        self.run.truncate_metrics(after_env_steps=self.env_steps)
+        log.info("resumed from %s after update %d", path, extra["updates"])

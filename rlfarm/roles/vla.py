@@ -32,15 +32,17 @@ import torch
 from rlfarm.algos.grpo import grpo_advantages, grpo_loss, keep_groups
 from rlfarm.algos.ppo import approx_kl, clip_fraction
 from rlfarm.envs.action_chunks import ActionChunkWrapper, ActionTokenizer
+from rlfarm.envs.vla_tasks import instruction_vocabulary, make_vla_task
 from rlfarm.models.vla import TinyVLA, tiny_vla
-from rlfarm.roles.common import assigned_device, limit_threads
+from rlfarm.roles.common import assigned_device, limit_threads, save_atomic
 
 BATCH_ARRAYS = ("image", "words", "proprio", "tokens", "logprobs", "called", "success", "steps")
 
 
 @dataclass(frozen=True)
 class VLAConfig:
-    env: dict = field(default_factory=dict)       # SapienPushCube keyword arguments
+    env_id: str = "SapienPushCube"                # a task of rlfarm.envs.vla_tasks
+    env: dict = field(default_factory=dict)       # the task's keyword arguments
     chunk_size: int = 4                           # K actions per policy call
     bins: int = 256
     model: dict = field(default_factory=dict)     # TinyVLA keyword arguments (width, ...)
@@ -60,17 +62,13 @@ class VLAConfig:
 
 
 def make_env(cfg: VLAConfig):
-    from rlfarm.envs.sapien_tasks import SapienPushCube
-
-    return ActionChunkWrapper(SapienPushCube(**cfg.env), cfg.chunk_size)
+    return ActionChunkWrapper(make_vla_task(cfg.env_id, **cfg.env), cfg.chunk_size)
 
 
 def build_policy(cfg: VLAConfig, env) -> TinyVLA:
-    from rlfarm.envs.sapien_tasks import instruction_vocabulary
-
     torch.manual_seed(cfg.seed)
     inner = env.unwrapped
-    return tiny_vla(instruction_vocabulary(), inner.action_space.shape[0], cfg.chunk_size,
+    return tiny_vla(instruction_vocabulary(cfg.env_id), inner.action_space.shape[0], cfg.chunk_size,
                     inner.observation_space["proprio"].shape[0], image_size=inner.image_size, bins=cfg.bins,
                     **cfg.model)
 
@@ -113,7 +111,9 @@ class VLARolloutWorker:
         if len(seeds) * size != len(self.envs):
             raise ValueError(f"{len(seeds)} seeds × {size} need {len(seeds) * size} envs, this worker has {len(self.envs)}")
         n, env0 = len(self.envs), self.envs[0].unwrapped
-        obs = [env.reset(seed=int(seeds[i // size]))[0] for i, env in enumerate(self.envs)]
+        # dict(obs) reads every field: a camera env that renders on first read (ManiSkillTask) renders here and in
+        # _step_envs, so that pictures are always taken on one thread at a time and count as env time
+        obs = [dict(env.reset(seed=int(seeds[i // size]))[0]) for i, env in enumerate(self.envs)]
         batch = {"image": np.zeros((n, self.calls, *env0.observation_space["image"].shape), np.uint8),
                  "words": np.zeros((n, self.calls, self.policy.tokenizer.max_words), np.int64),
                  "proprio": np.zeros((n, self.calls, env0.observation_space["proprio"].shape[0]), np.float32),
@@ -168,7 +168,7 @@ class VLARolloutWorker:
         tick = time.perf_counter()
         for i, chunk in zip(live, actions):
             obs, _, terminated, truncated, info = self.envs[i].step(chunk)
-            state["obs"][i] = obs
+            state["obs"][i] = dict(obs)
             batch["steps"][i] += info["steps"]
             batch["success"][i] = max(batch["success"][i], float(info["success"]))
             if terminated or truncated or state["call"][i] >= self.calls:
@@ -249,7 +249,16 @@ class VLALearner:
             metrics |= update_vla(self.model, self.optimizer, batch, advantages, episodes, self.cfg, self.device)
         return metrics
 
-    def save(self, path: str) -> str:
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "version": self.version}, path)
-        return path
+    def save(self, path: str, extra: dict | None = None) -> str:
+        """Atomic checkpoint, loadable with torch.load(weights_only=True); `extra` is the driver's state."""
+        return save_atomic({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                            "version": self.version, "torch_rng": torch.get_rng_state(), "extra": extra or {}}, path)
+
+    def load(self, path: str) -> dict:
+        """Restore a checkpoint written by `save`; returns its `extra`."""
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        torch.set_rng_state(state["torch_rng"].cpu())
+        return dict(state["extra"])

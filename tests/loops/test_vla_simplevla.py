@@ -39,3 +39,42 @@ def test_tiny_vla_learns_push_cube_within_5_minutes(tmp_path):
     assert rows[0]["success_rate"] <= 0.2, rows[0]  # it starts as a uniformly random policy over the bins
     assert summary["success_rate"] >= 0.6 and summary["reached_target"], summary  # mean of the last 10 updates
     assert summary["wall_s"] <= 300 + 30  # run.max_wall_s stops it at 300 s; the last update may run over
+
+
+@pytest.mark.slow
+def test_simplevla_sigterm_checkpoints_then_resume_auto_finishes_the_same_updates(tmp_path):
+    """Slurm's preemption path for the VLA family: SIGTERM → preempted.pt + exit 75 → resume=auto continues
+    after the checkpoint's update; metrics.jsonl has every update once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    from helpers import ENV
+
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "rlfarm.cli", "train", "experiment=simplevla", f"hydra.run.dir={run_dir}",
+            "run.live=false", "algo.max_updates=40", "algo.target_success=null", "algo.groups_per_update=2",
+            "algo.group_size=4", "logger=none"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not ((run_dir / "metrics.jsonl").exists() and len(_rows(run_dir)) >= 3):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode == 75, proc.stderr.read()[-2000:]
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "preempted"
+    stopped_at = torch.load(run_dir / "checkpoints" / "preempted.pt", weights_only=True)["extra"]["updates"]
+    assert 3 <= stopped_at < 40
+
+    out = rlfarm(*args[3:], "resume=auto", timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = _rows(run_dir)
+    assert summary["updates"] == 40 and [row["updates"] for row in rows] == list(range(1, 41))
+    steps = [row["env_steps"] for row in rows]
+    assert summary["samples"] == 40 * 2 * 4 and summary["env_steps"] == steps[-1]
+    assert all(a < b for a, b in zip(steps, steps[1:]))  # counters continue across the resume, no reset
+    assert rows[stopped_at]["staleness"] == 0  # the first resumed update used the restored weights' version
