@@ -148,7 +148,7 @@ class VLALoop(PeriodicCheckpoints):
                 "updates": row.get("updates", 0), "samples": self.episodes, "env_steps": self.env_steps,
                 "wall_s": round(self.wall_offset + time.monotonic() - self.started, 2), "target_success": target,
                 "reached_target": bool(target is not None and success >= target),
-                "target_reward": target, "pipeline": self.vla.pipeline,
+                "target_reward": target, "pipeline": self.vla.pipeline, "rollout_workers": len(self.workers),
                 "median": {key: round(float(np.median(v)), 4) for key, v in self.times.items() if v}}
 
     # -- checkpoints ---------------------------------------------------------------------------------

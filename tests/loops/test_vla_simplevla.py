@@ -78,3 +78,16 @@ def test_simplevla_sigterm_checkpoints_then_resume_auto_finishes_the_same_update
     assert summary["samples"] == 40 * 2 * 4 and summary["env_steps"] == steps[-1]
     assert all(a < b for a, b in zip(steps, steps[1:]))  # counters continue across the resume, no reset
     assert rows[stopped_at]["staleness"] == 0  # the first resumed update used the restored weights' version
+
+
+@pytest.mark.slow
+def test_simplevla_on_the_one_gpu_topology_places_four_rollout_workers(tmp_path):
+    """topology=vla_1gpu: learner and four rollout workers share one GPU (declared to Ray here, so the real
+    placement group is built and the workers infer on CPU); every worker plays its share of the groups."""
+    run_dir = tmp_path / "run"
+    out = rlfarm("train", "experiment=simplevla", "topology=vla_1gpu", "ray.num_gpus=1", "ray.num_cpus=6",
+                 f"hydra.run.dir={run_dir}", "run.live=false", "algo.max_updates=1", "algo.groups_per_update=4",
+                 "algo.group_size=2", "run.checkpoint=false", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["updates"] == 1 and summary["samples"] == 4 * 2 and summary["rollout_workers"] == 4
