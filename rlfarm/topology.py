@@ -94,9 +94,11 @@ def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
             raise TopologyError(f"topology.roles.{role}.count must be at least 1, got {spec.get('count')!r}",
                                 f"set topology.roles.{role}.count=1 or more")
         count = _role_field(role, spec, "count", 1, float)
-        if count != int(count) or (role == "learner" and count != 1):
-            raise TopologyError(f"topology.roles.{role}.count must be a whole number{' equal to 1' if role == 'learner' else ''}, got {count:g}",
-                                f"set topology.roles.{role}.count={'1' if role == 'learner' else '<int>'}")
+        # On-policy, learner count N > 1 = N data-parallel ranks (rlfarm/roles/learner_group.py), one GPU each.
+        single = role == "learner" and family != "onpolicy"
+        if count != int(count) or (single and count != 1):
+            raise TopologyError(f"topology.roles.{role}.count must be a whole number{' equal to 1' if single else ''}, got {count:g}",
+                                f"set topology.roles.{role}.count={'1' if single else '<int>'}")
         if count < 1:
             raise TopologyError(f"topology.roles.{role}.count must be at least 1, got {int(count)}",
                                 f"set topology.roles.{role}.count=1 or more")
@@ -117,7 +119,9 @@ def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
             raise TopologyError(f"role '{role}' names pool '{pool}', which topology '{name}' does not define",
                                 f"use one of: {', '.join(pool_gpus) or '(none defined)'}")
         for i in range(int(count)):
-            bundle = _first_fit(free[pool], gpus, gpus_in_bundle[pool])
+            # data-parallel learner ranks never share a GPU (NCCL needs one per rank)
+            taken = {p.bundle for p in placements if p.role == role and p.pool == pool} if role == "learner" else set()
+            bundle = _first_fit(free[pool], gpus, gpus_in_bundle[pool], taken)
             if bundle is None:
                 asked = sum(p.gpus for p in placements if p.pool == pool) + gpus * (int(count) - i)
                 raise TopologyError(f"topology '{name}': roles in pool '{pool}' ask for {asked:g} GPUs but the pool has {pool_gpus[pool]}",
@@ -133,10 +137,11 @@ def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
     return Plan(name, pool_gpus, tuple(placements), bundles)
 
 
-def _first_fit(free: list[float], share: float, gpus_in_bundle: list[int]) -> int | None:
-    """Index of the first GPU bundle with `share` left. A share of k > 1 whole GPUs (a DDP/FSDP learner) takes
-    k untouched one-GPU bundles merged into one k-GPU bundle: a Ray actor lives in one bundle, so it must hold
-    all k GPUs. The merged-away bundles are marked 0 in `gpus_in_bundle` (renumbered by the caller)."""
+def _first_fit(free: list[float], share: float, gpus_in_bundle: list[int], taken: set[int] = frozenset()
+               ) -> int | None:
+    """Index of the first GPU bundle with `share` left. A share of k > 1 whole GPUs (a data-parallel learner)
+    takes k untouched one-GPU bundles merged into one k-GPU bundle, which holds its k ranks of one GPU each. The merged-away bundles are marked 0 in `gpus_in_bundle` (renumbered by the caller).
+    Bundles in `taken` are skipped."""
     if share > 1:
         untouched = [i for i, left in enumerate(free) if gpus_in_bundle[i] == 1 and left >= 1.0 - 1e-9]
         if len(untouched) < share:
@@ -147,7 +152,7 @@ def _first_fit(free: list[float], share: float, gpus_in_bundle: list[int]) -> in
             free[i], gpus_in_bundle[i] = 0.0, 0
         return first
     for i, left in enumerate(free):
-        if gpus_in_bundle[i] == 1 and left + 1e-9 >= share:
+        if gpus_in_bundle[i] == 1 and left + 1e-9 >= share and i not in taken:
             free[i] = left - share
             return i
     return None

@@ -1,7 +1,9 @@
 """On-policy driver (GRPO): generate → score → update → sync, synchronously, each stage in its own role.
 Only object refs pass through here: the rollout goes engine → scorer and engine → learner; the weights go
 learner → engine through the object store, or, when both roles hold a GPU, by NCCL broadcast between them
-(`algo.weight_sync`: auto | object_store | broadcast; auto picks broadcast for GPU roles)."""
+(`algo.weight_sync`: auto | object_store | broadcast; auto picks broadcast for GPU roles).
+A learner role holding N > 1 GPUs (one N-GPU bundle, or count N) runs N data-parallel ranks
+(`rlfarm.roles.learner_group`); rank 0 publishes the weights. `model.dtype` is what GPU roles compute in."""
 from __future__ import annotations
 
 import logging
@@ -14,10 +16,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.algos.grpo_trainer import GRPOConfig
 from rlfarm.errors import ConfigError
-from rlfarm.roles.onpolicy import EngineRole, PolicyLearner, ScorerRole
+from rlfarm.roles.learner_group import start_learner_group
+from rlfarm.roles.onpolicy import EngineRole, ScorerRole
 from rlfarm.run import Run
 from rlfarm.telemetry.live import LiveView
-from rlfarm.topology import PlacedTopology
+from rlfarm.topology import Placement, PlacedTopology
 
 log = logging.getLogger("rlfarm")
 REWARD_WINDOW = 10  # summary reward_mean: mean over the last 10 updates
@@ -34,14 +37,28 @@ def grpo_config(cfg: DictConfig) -> GRPOConfig:
                       verifier=cfg.reward.verifier, seed=int(cfg.seed))
 
 
+def learner_rank_options(placed: PlacedTopology, places: list[Placement]) -> list[dict]:
+    """Ray options of each data-parallel learner rank, one GPU each: a k-GPU learner (one k-GPU bundle) runs k
+    ranks in that bundle, a learner of count k one rank per placement; one placement of ≤ 1 GPU, one rank."""
+    if len(places) == 1 and places[0].gpus > 1:
+        (place,), ranks = places, int(places[0].gpus)
+        return [placed.options(place) | {"num_gpus": 1.0, "num_cpus": place.cpus / ranks}] * ranks
+    return [placed.options(place) for place in places]
+
+
 class OnPolicyLoop:
     def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology):
         self.cfg, self.run = cfg, run
         grpo = grpo_config(cfg)
         plan = placed.plan
-        (learner,), (engine,), (scorer,) = plan.of("learner"), plan.of("engine")[:1], plan.of("labeler")[:1]
-        self.learner = ray.remote(PolicyLearner).options(**placed.options(learner)).remote(grpo, learner.threads)
-        self.engine = ray.remote(EngineRole).options(**placed.options(engine)).remote(grpo, engine.threads)
+        (learner, *_), (engine,), (scorer,) = plan.of("learner"), plan.of("engine")[:1], plan.of("labeler")[:1]
+        dtype = str(cfg.model.get("dtype", "float32"))
+        self.learners = start_learner_group(learner_rank_options(placed, plan.of("learner")), grpo, learner.threads,
+                                            dtype)
+        self.learner = self.learners.lead  # rank 0: publishes weights, saves
+        log.info("learner: %d data-parallel rank(s), GPU ids %s; GPU compute dtype %s", len(self.learners.ranks),
+                 self.learners.gpu_ids, dtype)
+        self.engine = ray.remote(EngineRole).options(**placed.options(engine)).remote(grpo, engine.threads, dtype)
         self.scorer = ray.remote(ScorerRole).options(**placed.options(scorer)).remote(grpo)
         # Colocated (engine and learner on the same GPU): the engine sleeps while the learner trains.
         self.time_share = engine.gpus > 0 and (engine.pool, engine.bundle) == (learner.pool, learner.bundle)
@@ -67,6 +84,7 @@ class OnPolicyLoop:
         stages = {key: round(float(np.median(self.stage_times[key])), 4) for key in self.stage_times}
         return {"updates": row["updates"], "reward_mean": row["reward_mean"], "samples": self.samples,
                 "median": stages, "policy_staleness_max": self.staleness_max,
+                "learner_ranks": len(self.learners.ranks),
                 "wall_s": round(time.monotonic() - self.started, 2), "target_reward": target,
                 "reached_target": bool(target is not None and row["reward_mean"] >= target)}
 
@@ -94,7 +112,7 @@ class OnPolicyLoop:
         rewards = self.scorer.score.remote(generated)                           # 2. score (labeler)
         if self.time_share:  # colocated: the engine frees the GPU while the learner trains
             ray.get(self.engine.sleep.remote())
-        metrics = ray.get(self.learner.update.remote(generated, rewards))       # 3. advantages + update
+        metrics = self.learners.update(generated, rewards)                      # 3. advantages + update
         updated_at = time.monotonic()
         if self.time_share:
             ray.get(self.engine.wake.remote())

@@ -51,6 +51,12 @@ def causal_lm(source: str | Mapping[str, Any], dtype: str = "float32",
     return add_lora(model, **lora) if lora else model
 
 
+def compute_dtype(dtype: str, device: torch.device | str) -> torch.dtype:
+    """The dtype a role computes in: `dtype` ("bfloat16", "float16", "float32") on CUDA; CPU runs float32
+    (as the reward models do), so CPU runs and their tests keep exact fp32 logprobs."""
+    return getattr(torch, dtype) if torch.device(device).type == "cuda" else torch.float32
+
+
 def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The tensors a learner publishes to engines: the trainable ones (LoRA adapters only, under LoRA).
 

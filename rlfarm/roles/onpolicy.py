@@ -5,7 +5,13 @@ completions into rewards, and a PolicyLearner updates and publishes weights. Eac
 Weights reach the engine one of two ways (`rlfarm.sync`): through the object store (`publish` →
 `update_weights`: CPU copies, what CPU roles use), or by broadcast over a process group of the learner and
 the engine (`open_weight_sync` / `join_weight_sync`, then `broadcast_weights` → `receive_weights`: NCCL
-between GPUs, the tensors never touch the host)."""
+between GPUs, the tensors never touch the host).
+
+The learner may be N data-parallel PolicyLearner actors (`rlfarm.roles.learner_group`): each trains on its shard
+of the batch under DDP (`rlfarm.distributed`), and rank 0 alone publishes weights and reports.
+Precision: `dtype` ("bfloat16") is what the GPU roles compute in — the engine holds its weights in it, the
+learner keeps fp32 weights and optimizer and runs its forward passes under autocast to it, and publishes
+weights cast to it; on CPU every role runs float32 (`rlfarm.models.lm.compute_dtype`)."""
 from __future__ import annotations
 
 import copy
@@ -16,10 +22,11 @@ import ray
 import torch
 
 from rlfarm.algos.grpo_trainer import GRPOConfig, group_advantages, rollout_metrics, score_rollout, update_policy
+from rlfarm.distributed import data_parallel_update, join_data_parallel, wrap_data_parallel
 from rlfarm.engines.base import Rollout
 from rlfarm.engines.hf import HFEngine
 from rlfarm.envs.text_tasks import DigitTask
-from rlfarm.models.lm import causal_lm, trainable_state_dict
+from rlfarm.models.lm import causal_lm, compute_dtype, trainable_state_dict
 from rlfarm.rewards.verifiers import get_verifier
 from rlfarm.roles.common import assigned_device, limit_threads
 from rlfarm.sync import (BroadcastReceiver, BroadcastSender, HostSender, join_group, load_into, plan_layout,
@@ -36,13 +43,13 @@ def _policy(cfg: GRPOConfig, vocab_size: int) -> torch.nn.Module:
 class EngineRole:
     """Holds the prompt stream and an engine; `generate` returns (rollout, answers) for one round."""
 
-    def __init__(self, cfg: GRPOConfig, threads: int = 1):
+    def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32"):
         limit_threads(threads)
         self.cfg = cfg
         self.task = DigitTask(cfg.task, cfg.num_digits, seed=cfg.seed)
         device = assigned_device()
-        self.engine = HFEngine(_policy(cfg, self.task.tokenizer.vocab_size), pad_id=self.task.tokenizer.pad_id,
-                               device=device, seed=cfg.seed)
+        policy = _policy(cfg, self.task.tokenizer.vocab_size).to(compute_dtype(dtype, device))
+        self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed)
         self.max_new_tokens = cfg.max_new_tokens or self.task.max_answer_len + 1
 
     def generate(self) -> tuple[Rollout, list[str]]:
@@ -91,21 +98,47 @@ class ScorerRole:
 
 
 class PolicyLearner:
-    """GRPO update on a rollout and its rewards; publishes the trainable weights (adapters only under LoRA)."""
+    """GRPO update on a rollout and its rewards; publishes the trainable weights (adapters only under LoRA).
 
-    def __init__(self, cfg: GRPOConfig, threads: int = 1):
+    rank / world_size: this actor's place among the learner's data-parallel ranks. With world_size > 1 the
+    ranks join one process group (`open_data_parallel` on rank 0, then `join_data_parallel` on all) before
+    the first update; every rank then takes the same `update` call and trains on its shard."""
+
+    def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32", rank: int = 0,
+                 world_size: int = 1):
         limit_threads(threads)
         self.cfg = replace(cfg, device=assigned_device())
+        self.rank, self.world_size = rank, world_size
+        self.compute_dtype = compute_dtype(dtype, self.cfg.device)
         vocab = DigitTask(cfg.task, cfg.num_digits).tokenizer.vocab_size
-        self.model = _policy(cfg, vocab).to(self.cfg.device).eval()
+        self.model = _policy(cfg, vocab).to(self.cfg.device).eval()  # fp32 weights: autocast computes in bf16
+        self.trainer = self.model  # what the update runs: the DDP wrapper once the ranks joined
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr,
                                            weight_decay=0.0)
         self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if cfg.kl_coef else None
         self.version = 0
 
+    def _published(self) -> dict[str, torch.Tensor]:
+        """The trainable tensors in the engine's dtype (half the bytes to move under bf16)."""
+        return {name: t.to(self.compute_dtype) for name, t in trainable_state_dict(self.model).items()}
+
     def publish(self) -> tuple[list, int]:
         self.version += 1
-        return [ray.put(HostSender().send(trainable_state_dict(self.model)))], self.version
+        return [ray.put(HostSender().send(self._published()))], self.version
+
+    def open_data_parallel(self) -> str:
+        """Rank 0: serve the data-parallel group's rendezvous on a free port; returns the address the others join."""
+        self._dp_rendezvous = serve_rendezvous(self.world_size, host=ray.util.get_node_ip_address())
+        return f"{ray.util.get_node_ip_address()}:{self._dp_rendezvous.port}"
+
+    def join_data_parallel(self, address: str) -> int:
+        """Join the group (all ranks at once) and wrap the model in DDP; returns the GPU id Ray gave this rank
+        (-1 on CPU), so the caller can check the ranks hold different GPUs."""
+        join_data_parallel(self._dp_rendezvous if self.rank == 0 else address, self.rank, self.world_size,
+                           self.cfg.device)
+        self.trainer = wrap_data_parallel(self.model, self.cfg.device)
+        gpu_ids = ray.get_gpu_ids()
+        return int(gpu_ids[0]) if gpu_ids else -1
 
     def device(self) -> str:
         return str(self.cfg.device)
@@ -117,12 +150,12 @@ class PolicyLearner:
 
     def join_weight_sync(self, world_size: int) -> None:
         group = join_group(self._rendezvous, 0, world_size, self.cfg.device)
-        self._sender = BroadcastSender(group, plan_layout(trainable_state_dict(self.model), SYNC_BUCKET_BYTES))
+        self._sender = BroadcastSender(group, plan_layout(self._published(), SYNC_BUCKET_BYTES))
 
     def broadcast_weights(self) -> int:
         """Send the trainable tensors to every engine of the sync group; returns their version."""
         self.version += 1
-        self._sender.send(trainable_state_dict(self.model))
+        self._sender.send(self._published())
         return self.version
 
     def update(self, generated: tuple[Rollout, list[str]], rewards: np.ndarray) -> dict:
@@ -130,10 +163,18 @@ class PolicyLearner:
         rewards = np.array(rewards)  # the object store hands out read-only arrays
         advantages, keep = group_advantages(rewards, self.cfg.group_size, self.cfg.norm_std, self.cfg.filter_groups)
         metrics = rollout_metrics(rollout, rewards, keep) | {"staleness": self.version - rollout.weight_version}
-        if keep.any():
-            kept_rows = keep.repeat_interleave(self.cfg.group_size)
-            metrics |= update_policy(self.model, self.optimizer, rollout.select_groups(keep), advantages[kept_rows],
-                                     self.cfg, self.ref_model)
+        if keep.any():  # every rank sees the same rewards, so all ranks take this branch or none
+            kept, kept_advantages = rollout.select_groups(keep), advantages[keep.repeat_interleave(self.cfg.group_size)]
+            if self.world_size > 1:
+                metrics |= data_parallel_update(self.trainer, self.optimizer, kept, kept_advantages, self.cfg,
+                                                self.rank, self.world_size, self.ref_model, self.compute_dtype)
+            else:  # update_policy has no autocast of its own: the whole update runs under it (backward and
+                # AdamW keep their fp32 dtypes; only the forward's matmuls drop to bf16)
+                device_type = torch.device(self.cfg.device).type
+                with torch.autocast(device_type, dtype=self.compute_dtype,
+                                    enabled=self.compute_dtype != torch.float32):
+                    metrics |= update_policy(self.model, self.optimizer, kept, kept_advantages, self.cfg,
+                                             self.ref_model)
         return metrics
 
     def save(self, path: str) -> str:

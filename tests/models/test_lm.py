@@ -3,7 +3,7 @@ import copy
 import torch
 
 from rlfarm.engines.hf import HFEngine
-from rlfarm.models.lm import causal_lm, sequence_logprobs, trainable_state_dict
+from rlfarm.models.lm import causal_lm, compute_dtype, sequence_logprobs, trainable_state_dict
 
 TINY = {"model_type": "llama", "vocab_size": 15, "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4}
@@ -44,3 +44,9 @@ def test_lora_trains_and_publishes_only_adapters():
     with torch.no_grad():
         learner = [model(input_ids=torch.tensor([p])).logits[0, -1].argmax().item() for p in prompts]
     assert engine.generate(prompts, n=1, max_new_tokens=1, temperature=0.0).response_ids[:, 0].tolist() == learner
+
+
+def test_compute_dtype_applies_on_cuda_and_cpu_stays_fp32():
+    assert compute_dtype("bfloat16", "cuda:0") == torch.bfloat16
+    assert compute_dtype("float32", "cuda:0") == torch.float32
+    assert compute_dtype("bfloat16", "cpu") == torch.float32  # CPU runs and tests keep exact fp32 logprobs

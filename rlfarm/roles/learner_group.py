@@ -1,0 +1,50 @@
+"""The on-policy learner role as one or more data-parallel `PolicyLearner` actors.
+
+One rank: a single actor, no process group — the one-learner path. N ranks (one per GPU the role holds):
+N actors joined in one torch.distributed group with their models under DDP (`rlfarm.distributed`). Each
+update goes to every rank with the whole scored batch (only refs travel; each rank takes its shard), and
+rank 0 leads: it alone publishes weights to the engines, saves checkpoints and reports the metrics.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray
+
+from rlfarm.algos.grpo_trainer import GRPOConfig
+from rlfarm.roles.onpolicy import PolicyLearner
+
+
+@dataclass
+class LearnerGroup:
+    ranks: list[ray.actor.ActorHandle]
+    gpu_ids: list[int]  # the GPU Ray gave each rank (-1: none, or one rank only)
+
+    @property
+    def lead(self) -> ray.actor.ActorHandle:
+        """Rank 0: publishes weights, saves, reports."""
+        return self.ranks[0]
+
+    def update(self, generated, rewards) -> dict:
+        """Every rank updates on its shard of the batch (they meet in DDP's all-reduce); rank 0's metrics."""
+        return ray.get([rank.update.remote(generated, rewards) for rank in self.ranks])[0]
+
+    def kill(self) -> None:
+        for rank in self.ranks:
+            ray.kill(rank, no_restart=True)
+
+
+def start_learner_group(rank_options: list[dict], cfg: GRPOConfig, threads: int = 1,
+                        dtype: str = "float32") -> LearnerGroup:
+    """One PolicyLearner per entry of `rank_options` (Ray options: one GPU each, in the learner's placement
+    group); more than one are joined into a data-parallel group before this returns."""
+    world_size = len(rank_options)
+    ranks = [ray.remote(PolicyLearner).options(**options).remote(cfg, threads, dtype, rank, world_size)
+             for rank, options in enumerate(rank_options)]
+    if world_size == 1:
+        return LearnerGroup(ranks, [-1])
+    address = ray.get(ranks[0].open_data_parallel.remote())
+    gpu_ids = ray.get([rank.join_data_parallel.remote(address) for rank in ranks])
+    if any(gpu >= 0 for gpu in gpu_ids) and len(set(gpu_ids)) < world_size:  # NCCL needs one GPU per rank
+        raise RuntimeError(f"data-parallel learner ranks share a GPU (Ray gave them GPUs {gpu_ids})")
+    return LearnerGroup(ranks, gpu_ids)

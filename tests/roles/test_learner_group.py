@@ -1,0 +1,72 @@
+"""Data-parallel learner ranks must not change the math: two ranks (real Ray actors on declared GPUs, a real gloo
+group, DDP) updating on one scored batch give the loss, gradient norm and weights of one learner on the whole
+batch. The batch is cut into uneven shards on purpose (9 rows, 2 minibatches of 5 and 4 rows → shards 3 + 2
+(one padding row) and 2 + 2, and unequal token counts), so a per-shard token mean would show."""
+import pytest
+import torch
+
+from rlfarm.algos.grpo_trainer import GRPOConfig
+from rlfarm.config import compose
+from rlfarm.distributed import shard_rows
+from rlfarm.loops.onpolicy import learner_rank_options
+from rlfarm.roles.learner_group import start_learner_group
+from rlfarm.roles.onpolicy import EngineRole, PolicyLearner, ScorerRole
+from rlfarm.topology import PlacedTopology, plan_topology
+
+CFG = GRPOConfig(prompts_per_step=3, group_size=3, filter_groups=False, minibatches=2, seed=0)
+
+
+def plan(name):
+    return plan_topology(compose("train", ["experiment=grpo_digits", f"topology={name}"]).topology, "onpolicy")
+
+
+def parameters(model):
+    return {name: t.detach().cpu().clone() for name, t in model.named_parameters()}
+
+
+def test_shards_are_equal_sized_and_cover_each_row_once():
+    rows = torch.tensor([4, 0, 7, 2, 9])
+    (a, wa), (b, wb) = shard_rows(rows, 0, 2), shard_rows(rows, 1, 2)
+    assert a.tolist() == [4, 0, 7] and b.tolist() == [2, 9, 4] and wb.tolist() == [1.0, 1.0, 0.0]
+    assert wa.tolist() == [1.0, 1.0, 1.0]
+    (c, wc) = shard_rows(torch.tensor([5]), 1, 2)  # a rank with no row still runs one (weight 0)
+    assert c.tolist() == [5] and wc.tolist() == [0.0]
+
+
+def test_learner_ranks_never_share_a_gpu():
+    ranks = plan("colocated_2").of("learner")
+    assert [(p.bundle, p.gpus) for p in ranks] == [(0, 0.5), (1, 0.5)]
+    assert plan("colocated_2").of("engine")[0].bundle == 0  # time-shares GPU 0 with rank 0
+    (learner,) = plan("split_2_1").of("learner")
+    assert learner.gpus == 2.0 and plan("split_2_1").bundles["train"][0]["GPU"] == 2.0
+
+
+def test_two_ranks_update_like_one_learner_on_the_whole_batch(ray_cpu, one_torch_thread):
+    ray = ray_cpu
+    generated = EngineRole(CFG).generate()
+    rewards = ScorerRole(CFG).score(generated)
+    lengths = generated[0].response_mask.sum(1)
+    assert lengths.min() < lengths.max()  # unequal token counts across shards
+    single = PolicyLearner(CFG)
+    before = parameters(single.model)
+    expected = single.update(generated, rewards)
+    expected_weights = parameters(single.model)
+
+    placed = PlacedTopology(plan("colocated_2"))
+    group = start_learner_group(learner_rank_options(placed, placed.plan.of("learner")), CFG)
+    try:
+        assert len(group.ranks) == 2 and len(set(group.gpu_ids)) == 2 and min(group.gpu_ids) >= 0
+        metrics = group.update(ray.put(generated), ray.put(rewards))
+        weights = ray.get([rank.__ray_call__.remote(lambda self: {name: t.detach().cpu().clone() for name, t in
+                                                                  self.model.named_parameters()})
+                           for rank in group.ranks])
+    finally:
+        group.kill()
+        placed.remove()
+    assert expected["loss"] != 0.0
+    for key in ("reward", "loss", "grad_norm", "clip_fraction", "approx_kl", "entropy"):
+        assert metrics[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in before)  # the ranks step identically
+    assert max((before[name] - expected_weights[name]).abs().max() for name in before) > 1e-4  # it learned
+    for name in before:
+        torch.testing.assert_close(weights[0][name], expected_weights[name], rtol=0, atol=1e-5)
