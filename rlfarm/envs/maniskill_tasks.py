@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator, Mapping
 
 import gymnasium as gym
@@ -47,6 +48,9 @@ TASKS = {
     "StackCube-v1": ("stack the red cube on the green cube", "put the red block on top of the green block",
                      "place the red cube onto the green cube"),
 }
+# mani_skill 3.0.1 calls np.isnan on a torch tensor every step: NumPy 2 warns each time, flooding the run's log
+warnings.filterwarnings("ignore", message="__array_wrap__ must accept context", category=DeprecationWarning,
+                        module="mani_skill")
 CAMERA = "base_camera"  # the one sensor camera every task above defines
 PROPRIO_DIM = 5
 

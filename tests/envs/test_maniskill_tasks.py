@@ -11,6 +11,8 @@ from rlfarm.envs.vla_tasks import check_vla_task, instruction_vocabulary, make_v
 from rlfarm.errors import ConfigError  # noqa: E402
 
 SIZE = 64
+# pytest shows warnings the module silences (mani_skill's per-step np.isnan on a tensor under NumPy 2)
+pytestmark = pytest.mark.filterwarnings("ignore:__array_wrap__ must accept context:DeprecationWarning")
 
 
 @pytest.fixture(scope="module")
