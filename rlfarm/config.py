@@ -138,6 +138,8 @@ def validate(cfg: DictConfig) -> None:
         check_env_id(str(cfg.env.id))
     if cfg.algo.family == "onpolicy_env":
         check_ppo(cfg)
+    if cfg.algo.family == "onpolicy":
+        check_text_policy(cfg)
 
 
 ENV_REWARD = "rlfarm.rewards.env.EnvReward"
@@ -178,6 +180,50 @@ def check_ppo(cfg: DictConfig) -> None:
         raise ConfigError(f"algo={cfg.algo.name} needs one actor-critic network in model.actor, "
                           f"not {'a language model' if 'actor' not in cfg.model else 'an actor with separate critics'}",
                           "use model=actor_critic")
+
+
+def check_text_policy(cfg: DictConfig) -> None:
+    """GRPO on text: a text task, a verifier to score it, one language model (built or loaded), and for a
+    prompt file a tokenizer and a readable file with the named fields — all before Ray starts."""
+    task = OmegaConf.select(cfg, "env.task", default=None)
+    if task is None:
+        raise ConfigError(f"algo={cfg.algo.name} generates text, but env={cfg.env.id} is not a text task",
+                          "pick env=digits|prompts, or algo=ppo|sac for gymnasium envs")
+    if OmegaConf.select(cfg, "reward.verifier", default=None) is None:
+        raise ConfigError(f"algo={cfg.algo.name} scores completions with a rule verifier, but this reward has none",
+                          "use reward=verifier (reward.verifier=exact_match|last_number|partial_credit)")
+    source, config = cfg.model.get("source"), cfg.model.get("config")
+    if (source is None) == (config is None):
+        raise ConfigError(f"algo={cfg.algo.name} needs one language model: model.config (build) or model.source "
+                          f"(load), {'not both' if source is not None else 'found neither'}",
+                          "use model=tiny_lm, or model=hf_lm model.source=<hub id or folder>")
+    if source is not None and _looks_local(str(source)) and not os.path.isdir(os.path.expanduser(str(source))):
+        raise ConfigError(f"model.source: no such folder '{source}'",
+                          "set model.source=<a folder written by save_pretrained> or a hub id like Qwen/Qwen2.5-0.5B")
+    if task == "prompts":
+        if source is None:
+            raise ConfigError("prompt files need a tokenizer, but model.config builds a model without one",
+                              "use model=hf_lm model.source=<path>")
+        check_prompt_file(cfg.env)
+
+
+def check_prompt_file(env: DictConfig) -> None:
+    """The prompt file exists, has a known type, and every record holds the question and answer fields."""
+    from rlfarm.envs.text_tasks import PromptDataset  # numpy + json only
+
+    path = os.path.expanduser(str(env.path))
+    try:
+        PromptDataset.from_file(path, str(env.question_field), str(env.answer_field))
+    except FileNotFoundError:
+        raise ConfigError(f"env.path: no such file '{env.path}'",
+                          "set env.path=<a .jsonl or .parquet file of question/answer records>") from None
+    except KeyError as error:
+        field = env.question_field if f"'{env.question_field}'" in str(error) else env.answer_field
+        key = "env.question_field" if field == env.question_field else "env.answer_field"
+        raise ConfigError(str(error.args[0]), f"set {key}=<the field that holds it>") from None
+    except (ValueError, ImportError) as error:  # unsupported suffix, bad JSON, no records, no pyarrow
+        raise ConfigError(f"env.path={env.path}: {str(error).splitlines()[0]}",
+                          "give a .jsonl (one JSON record a line) or .parquet file of question/answer records") from None
 
 
 def check_env_id(env_id: str) -> None:

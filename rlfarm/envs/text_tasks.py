@@ -3,7 +3,9 @@
 Digit tasks (`copy`, `reverse`, `add`) speak a character-level vocabulary (`DigitTokenizer`); a prompt is
 BOS + question + '=' and the answer is the text the policy should write before EOS, e.g.
 copy: "^3141=" → "3141", reverse: "^3141=" → "1413", add: "^0042+0815=" → "857".
-`PromptDataset` reads question/answer records (GSM8K-style) from local JSONL or Parquet.
+`PromptDataset` reads question/answer records (GSM8K-style) from local JSONL or Parquet; `PromptTask` serves
+them to a policy through its own Hugging Face tokenizer (`rlfarm.envs.hf_tokenizer.HFTokenizer`, which digit
+tasks can speak too). `TextTaskSpec` is what an on-policy role is told, `text_task` builds the task from it.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -73,16 +76,23 @@ DIGIT_TASKS: dict[str, Callable[[np.random.Generator, int], tuple[str, str]]] = 
 
 
 class DigitTask:
-    """A seeded stream of prompts for one digit task. `max_answer_len` bounds the answer (without EOS)."""
+    """A seeded stream of prompts for one digit task. `max_answer_len` bounds the answer (without EOS).
 
-    def __init__(self, name: str, num_digits: int = 4, seed: int = 0):
+    tokenizer: None speaks `DigitTokenizer`; an `HFTokenizer` lets a pretrained model take the task."""
+
+    def __init__(self, name: str, num_digits: int = 4, seed: int = 0, tokenizer: Any = None):
         if name not in DIGIT_TASKS:
             raise KeyError(f"unknown digit task {name!r}; known: {', '.join(DIGIT_TASKS)}")
         self.name, self.num_digits = name, num_digits
-        self.tokenizer = DigitTokenizer()
+        self.tokenizer = tokenizer or DigitTokenizer()
         self.max_answer_len = num_digits + 1 if name == "add" else num_digits
         self._make = DIGIT_TASKS[name]
         self._rng = np.random.default_rng(seed)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The longest answer + EOS (in characters, which is in tokens for DigitTokenizer)."""
+        return self.max_answer_len + 1
 
     def sample(self, batch_size: int) -> PromptBatch:
         pairs = [self._make(self._rng, self.num_digits) for _ in range(batch_size)]
@@ -106,6 +116,8 @@ class PromptDataset:
         if not path.is_file():
             raise FileNotFoundError(f"prompt file not found: {path}")
         records = _read_records(path)
+        if not records:
+            raise ValueError(f"{path}: no records")
         for row, record in enumerate(records):
             for field in (question_field, answer_field):
                 if field not in record:
@@ -115,11 +127,69 @@ class PromptDataset:
     def __len__(self) -> int:
         return len(self.questions)
 
-    def sample(self, batch_size: int, tokenizer) -> PromptBatch:
-        """`tokenizer.encode(text) -> list[int]` (an HF tokenizer or DigitTokenizer)."""
+    def sample(self, batch_size: int, tokenizer, chat_template: bool = False) -> PromptBatch:
+        """`tokenizer.encode(text) -> list[int]` (HFTokenizer or DigitTokenizer); chat_template: each question
+        as a user turn of the tokenizer's chat template (`HFTokenizer.encode_question`)."""
         rows = self._rng.integers(0, len(self), batch_size)
-        return PromptBatch([list(tokenizer.encode(self.questions[i])) for i in rows],
-                           [self.answers[i] for i in rows])
+        questions = [self.questions[i] for i in rows]
+        prompts = ([tokenizer.encode_question(q, chat_template=True) for q in questions] if chat_template
+                   else [list(tokenizer.encode(q)) for q in questions])
+        return PromptBatch(prompts, [self.answers[i] for i in rows])
+
+
+class PromptTask:
+    """A prompt file as a task: seeded batches of its questions in the policy's tokenizer; answers are free text
+    of up to `max_new_tokens` tokens (EOS included), scored by a verifier against the file's answers."""
+
+    def __init__(self, dataset: PromptDataset, tokenizer, max_new_tokens: int, chat_template: bool = False):
+        self.dataset, self.tokenizer = dataset, tokenizer
+        self.max_new_tokens, self.chat_template = int(max_new_tokens), bool(chat_template)
+        if chat_template:
+            tokenizer.chat_prompt("")  # fails now, with the fix, if the tokenizer has no template
+
+    def sample(self, batch_size: int) -> PromptBatch:
+        return self.dataset.sample(batch_size, self.tokenizer, self.chat_template)
+
+
+@dataclass(frozen=True)
+class TextTaskSpec:
+    """What an on-policy role is told about its task (plain values, so it travels to Ray actors).
+
+    task: a digit task name (copy | reverse | add) or "prompts" (a prompt file at `path`).
+    tokenizer: hub id / folder of the policy's HF tokenizer (`model.source`); None: `DigitTokenizer`.
+    """
+
+    task: str = "copy"
+    num_digits: int = 4
+    path: str | None = None
+    question_field: str = "question"
+    answer_field: str = "answer"
+    max_new_tokens: int = 256
+    chat_template: bool = False
+    tokenizer: str | None = None
+    seed: int = 0
+
+
+PROMPTS = "prompts"
+
+
+def text_tokenizer(spec: TextTaskSpec):
+    """The tokenizer the task speaks: the policy's own (HF) or the digit vocabulary."""
+    if spec.tokenizer is None:
+        if spec.task == PROMPTS:
+            raise ValueError("prompt files need a tokenizer: use model=hf_lm model.source=<path>")
+        return DigitTokenizer()
+    from rlfarm.envs.hf_tokenizer import HFTokenizer
+
+    return HFTokenizer.from_pretrained(spec.tokenizer)
+
+
+def text_task(spec: TextTaskSpec) -> DigitTask | PromptTask:
+    tokenizer = text_tokenizer(spec)
+    if spec.task == PROMPTS:
+        dataset = PromptDataset.from_file(spec.path, spec.question_field, spec.answer_field, seed=spec.seed)
+        return PromptTask(dataset, tokenizer, spec.max_new_tokens, spec.chat_template)
+    return DigitTask(spec.task, spec.num_digits, seed=spec.seed, tokenizer=tokenizer)
 
 
 def _read_records(path: Path) -> list[dict]:

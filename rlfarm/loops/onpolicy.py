@@ -15,6 +15,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.algos.grpo_trainer import GRPOConfig
+from rlfarm.envs.text_tasks import TextTaskSpec
 from rlfarm.errors import ConfigError
 from rlfarm.roles.learner_group import start_learner_group
 from rlfarm.roles.onpolicy import EngineRole, ScorerRole
@@ -28,13 +29,27 @@ STAGE_KEYS = ("generate_s", "score_update_s", "sync_s", "step_s", "generated_tok
 
 
 def grpo_config(cfg: DictConfig) -> GRPOConfig:
-    """The frozen, derived settings of one GRPO run, from the composed Hydra config."""
+    """The frozen, derived settings of one GRPO run, from the composed Hydra config. `model` is the config
+    dict to build (model.config) or the hub id / folder to load (model.source)."""
     algo = OmegaConf.to_container(cfg.algo, resolve=True)
     fields = {k: v for k, v in algo.items() if k in GRPOConfig.__dataclass_fields__}
-    return GRPOConfig(**fields, task=cfg.env.task, num_digits=int(cfg.env.num_digits),
-                      model=OmegaConf.to_container(cfg.model.config, resolve=True),
+    source = cfg.model.get("source")
+    return GRPOConfig(**fields, task=cfg.env.task, num_digits=int(cfg.env.get("num_digits", 4)),
+                      model=str(source) if source else OmegaConf.to_container(cfg.model.config, resolve=True),
                       lora=OmegaConf.to_container(cfg.model.lora, resolve=True) if cfg.model.get("lora") else None,
                       verifier=cfg.reward.verifier, seed=int(cfg.seed))
+
+
+def text_task_spec(cfg: DictConfig) -> TextTaskSpec:
+    """What the engine prompts with and the scorer decodes with: the env's task in the policy's tokenizer
+    (model.source's own; none for a model built from model.config: the digit tokenizer)."""
+    env, source = cfg.env, cfg.model.get("source")
+    return TextTaskSpec(task=str(env.task), num_digits=int(env.get("num_digits", 4)), path=env.get("path"),
+                        question_field=str(env.get("question_field", "question")),
+                        answer_field=str(env.get("answer_field", "answer")),
+                        max_new_tokens=int(env.get("max_new_tokens", 256)),
+                        chat_template=bool(env.get("chat_template", False)),
+                        tokenizer=str(source) if source else None, seed=int(cfg.seed))
 
 
 def learner_rank_options(placed: PlacedTopology, places: list[Placement]) -> list[dict]:
@@ -58,8 +73,10 @@ class OnPolicyLoop:
         self.learner = self.learners.lead  # rank 0: publishes weights, saves
         log.info("learner: %d data-parallel rank(s), GPU ids %s; GPU compute dtype %s", len(self.learners.ranks),
                  self.learners.gpu_ids, dtype)
-        self.engine = ray.remote(EngineRole).options(**placed.options(engine)).remote(grpo, engine.threads, dtype)
-        self.scorer = ray.remote(ScorerRole).options(**placed.options(scorer)).remote(grpo)
+        task = text_task_spec(cfg)
+        self.engine = ray.remote(EngineRole).options(**placed.options(engine)).remote(grpo, engine.threads, dtype,
+                                                                                       task)
+        self.scorer = ray.remote(ScorerRole).options(**placed.options(scorer)).remote(grpo, task)
         # Colocated (engine and learner on the same GPU): the engine sleeps while the learner trains.
         self.time_share = engine.gpus > 0 and (engine.pool, engine.bundle) == (learner.pool, learner.bundle)
         self.weight_sync = self._open_weight_sync(str(cfg.algo.get("weight_sync", "auto")))

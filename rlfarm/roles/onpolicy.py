@@ -11,7 +11,11 @@ The learner may be N data-parallel PolicyLearner actors (`rlfarm.roles.learner_g
 of the batch under DDP (`rlfarm.distributed`), and rank 0 alone publishes weights and reports.
 Precision: `dtype` ("bfloat16") is what the GPU roles compute in — the engine holds its weights in it, the
 learner keeps fp32 weights and optimizer and runs its forward passes under autocast to it, and publishes
-weights cast to it; on CPU every role runs float32 (`rlfarm.models.lm.compute_dtype`)."""
+weights cast to it; on CPU every role runs float32 (`rlfarm.models.lm.compute_dtype`).
+
+The policy is built from a config dict (`cfg.model`: a mapping; vocabulary = the digit tokenizer's) or loaded
+from a hub id / folder (`cfg.model`: a string, `model.source`), whose own tokenizer the task then speaks
+(`rlfarm.envs.text_tasks.TextTaskSpec`: digit tasks or a prompt file)."""
 from __future__ import annotations
 
 import copy
@@ -25,7 +29,7 @@ from rlfarm.algos.grpo_trainer import GRPOConfig, group_advantages, rollout_metr
 from rlfarm.distributed import data_parallel_update, join_data_parallel, wrap_data_parallel
 from rlfarm.engines.base import Rollout
 from rlfarm.engines.hf import HFEngine
-from rlfarm.envs.text_tasks import DigitTask
+from rlfarm.envs.text_tasks import DigitTokenizer, TextTaskSpec, text_task, text_tokenizer
 from rlfarm.models.lm import causal_lm, compute_dtype, trainable_state_dict
 from rlfarm.rewards.verifiers import get_verifier
 from rlfarm.roles.common import assigned_device, limit_threads
@@ -35,22 +39,34 @@ from rlfarm.sync import (BroadcastReceiver, BroadcastSender, HostSender, join_gr
 SYNC_BUCKET_BYTES = 64 * 2**20  # broadcast buckets: large enough for full-speed NCCL, small enough to pipeline
 
 
-def _policy(cfg: GRPOConfig, vocab_size: int) -> torch.nn.Module:
+def _policy(cfg: GRPOConfig) -> torch.nn.Module:
+    """Learner and engine build the same policy (the same seed makes the same LoRA adapters), in float32."""
     torch.manual_seed(cfg.seed)
-    return causal_lm({**cfg.model, "vocab_size": vocab_size}, lora=cfg.lora)
+    if isinstance(cfg.model, str):  # model.source: a pretrained model, sized by its own config
+        return causal_lm(cfg.model, lora=cfg.lora)
+    return causal_lm({**cfg.model, "vocab_size": DigitTokenizer().vocab_size}, lora=cfg.lora)
+
+
+def _task_spec(cfg: GRPOConfig, task: TextTaskSpec | None) -> TextTaskSpec:
+    """The task as given, or the digit task of `cfg` in the policy's tokenizer (its source, if loaded)."""
+    if task is not None:
+        return task
+    return TextTaskSpec(cfg.task, cfg.num_digits, tokenizer=cfg.model if isinstance(cfg.model, str) else None,
+                        seed=cfg.seed)
 
 
 class EngineRole:
-    """Holds the prompt stream and an engine; `generate` returns (rollout, answers) for one round."""
+    """Holds the prompt stream and an engine; `generate` returns (rollout, answers) for one round.
+    task: what to prompt with (None: the digit task of `cfg`)."""
 
-    def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32"):
+    def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32", task: TextTaskSpec | None = None):
         limit_threads(threads)
         self.cfg = cfg
-        self.task = DigitTask(cfg.task, cfg.num_digits, seed=cfg.seed)
+        self.task = text_task(_task_spec(cfg, task))
         device = assigned_device()
-        policy = _policy(cfg, self.task.tokenizer.vocab_size).to(compute_dtype(dtype, device))
+        policy = _policy(cfg).to(compute_dtype(dtype, device))
         self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed)
-        self.max_new_tokens = cfg.max_new_tokens or self.task.max_answer_len + 1
+        self.max_new_tokens = cfg.max_new_tokens or self.task.max_new_tokens
 
     def generate(self) -> tuple[Rollout, list[str]]:
         prompts = self.task.sample(self.cfg.prompts_per_step)
@@ -86,10 +102,11 @@ class EngineRole:
 
 
 class ScorerRole:
-    """The labeler of the on-policy family: a rule verifier over decoded completions."""
+    """The labeler of the on-policy family: a rule verifier over decoded completions (an HF tokenizer decodes
+    without special tokens, so the verifier reads only the answer text)."""
 
-    def __init__(self, cfg: GRPOConfig):
-        self.tokenizer = DigitTask(cfg.task, cfg.num_digits).tokenizer
+    def __init__(self, cfg: GRPOConfig, task: TextTaskSpec | None = None):
+        self.tokenizer = text_tokenizer(_task_spec(cfg, task))
         self.verifier = get_verifier(cfg.verifier)
 
     def score(self, generated: tuple[Rollout, list[str]]) -> np.ndarray:
@@ -110,8 +127,7 @@ class PolicyLearner:
         self.cfg = replace(cfg, device=assigned_device())
         self.rank, self.world_size = rank, world_size
         self.compute_dtype = compute_dtype(dtype, self.cfg.device)
-        vocab = DigitTask(cfg.task, cfg.num_digits).tokenizer.vocab_size
-        self.model = _policy(cfg, vocab).to(self.cfg.device).eval()  # fp32 weights: autocast computes in bf16
+        self.model = _policy(cfg).to(self.cfg.device).eval()  # fp32 weights: autocast computes in bf16
         self.trainer = self.model  # what the update runs: the DDP wrapper once the ranks joined
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr,
                                            weight_decay=0.0)

@@ -1,5 +1,6 @@
 import copy
 
+import pytest
 import torch
 
 from rlfarm.engines.hf import HFEngine
@@ -50,3 +51,47 @@ def test_compute_dtype_applies_on_cuda_and_cpu_stays_fp32():
     assert compute_dtype("bfloat16", "cuda:0") == torch.bfloat16
     assert compute_dtype("float32", "cuda:0") == torch.float32
     assert compute_dtype("bfloat16", "cpu") == torch.float32  # CPU runs and tests keep exact fp32 logprobs
+
+
+# ---- a pretrained model loaded by path (model.source), as `model=hf_lm` does
+
+
+@pytest.fixture(scope="module")
+def lm_folder(tmp_path_factory):
+    from rlfarm.models.lm_factory import save_random_lm
+
+    return str(save_random_lm(tmp_path_factory.mktemp("lm") / "tiny-lm", seed=1))
+
+
+def test_a_loaded_model_keeps_its_own_vocabulary_and_takes_lora(lm_folder):
+    model = causal_lm(lm_folder, lora=LORA)
+    assert model.get_input_embeddings().weight.shape[0] == 320  # the saved config's, not the tokenizer's 300
+    trainable = trainable_state_dict(model)
+    assert trainable and all("lora_" in name for name in trainable)
+    assert next(causal_lm(lm_folder).parameters()).dtype == torch.float32
+
+
+@pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
+def test_engine_and_learner_roles_load_the_same_policy_and_agree_on_logprobs(ray_cpu, one_torch_thread, lm_folder,
+                                                                            tmp_path, lora):
+    """EngineRole and PolicyLearner each load model.source; the engine's logprobs are π_old, so they must equal
+    what the learner recomputes for the same tokens (the chat-templated prompts of a prompt file)."""
+    from rlfarm.algos.grpo_trainer import GRPOConfig
+    from rlfarm.envs.text_tasks import TextTaskSpec
+    from rlfarm.roles.onpolicy import EngineRole, PolicyLearner
+
+    path = tmp_path / "arith.jsonl"
+    path.write_text("".join(f'{{"question": "What is {i} plus {i}?", "answer": "{2 * i}"}}\n' for i in range(6)))
+    cfg = GRPOConfig(model=lm_folder, lora=lora, prompts_per_step=3, group_size=4, temperature=0.8, seed=2)
+    task = TextTaskSpec("prompts", path=str(path), max_new_tokens=6, chat_template=True, tokenizer=lm_folder, seed=2)
+    engine, learner = EngineRole(cfg, task=task), PolicyLearner(cfg)
+    rollout, answers = engine.generate()
+    assert rollout.response_ids.shape[0] == 12 and len(answers) == 3 and rollout.response_ids.shape[1] <= 6
+    assert int(rollout.prompt_ids.max()) < 300 and int(rollout.response_ids.max()) < 320
+    with torch.no_grad():
+        recomputed = sequence_logprobs(learner.model, rollout.input_ids(), rollout.attention_mask(),
+                                       rollout.prompt_ids.shape[1], rollout.temperature)
+    mask = rollout.response_mask.bool()
+    assert (recomputed[mask] - rollout.logprobs[mask]).abs().max().item() < 1e-4
+    published = trainable_state_dict(learner.model)
+    assert (all("lora_" in name for name in published) if lora else len(published) > 20)
