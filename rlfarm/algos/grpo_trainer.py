@@ -41,7 +41,8 @@ TINY_QWEN2 = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 256
 class GRPOConfig:
     task: str = "copy"
     num_digits: int = 4
-    model: Mapping[str, Any] = field(default_factory=lambda: dict(TINY_QWEN2))  # vocab_size comes from the task
+    # a config dict (built from scratch; vocab_size comes from the task's tokenizer) or a hub id / folder to load
+    model: Mapping[str, Any] | str = field(default_factory=lambda: dict(TINY_QWEN2))
     lora: Mapping[str, Any] | None = None
     verifier: str = "partial_credit"
     prompts_per_step: int = 32    # copy-4: 16 prompts plateaued on 2 of 4 seeds; 32 reached 0.95 on 9 of 9
@@ -84,34 +85,62 @@ def group_advantages(rewards: np.ndarray, group_size: int, norm_std: bool = True
 
 
 def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: Rollout, advantages: torch.Tensor,
-                  cfg: GRPOConfig, ref_model: nn.Module | None = None) -> dict[str, float]:
-    """`cfg.minibatches` clipped token-level GRPO steps on one rollout; returns mean metrics."""
+                  cfg: GRPOConfig, ref_model: nn.Module | None = None, *, rank: int = 0, world_size: int = 1,
+                  compute_dtype: torch.dtype = torch.float32) -> dict[str, float]:
+    """`cfg.minibatches` clipped token-level GRPO steps on one rollout; returns mean metrics.
+
+    Data-parallel (world_size > 1, `model` under DDP, see rlfarm/distributed.py): every rank holds the whole
+    rollout, uses rank 0's permutation, and computes the loss on its shard of each minibatch with the whole
+    minibatch's token count as denominator, times N (DDP's average divides it out), so the averaged gradient
+    is the one learner's. The metrics are then summed over the ranks. compute_dtype other than float32: the
+    forward passes run under autocast to it (weights, gradients and optimizer state stay fp32)."""
     device = next(model.parameters()).device
+    module = getattr(model, "module", model)  # under DDP: clip the wrapped module's gradients
     input_ids, attention_mask = rollout.input_ids().to(device), rollout.attention_mask().to(device)
     response_mask, old_logprobs = rollout.response_mask.to(device), rollout.logprobs.to(device)
     advantages, response_start = advantages.to(device), rollout.prompt_ids.shape[1]
+    order = torch.randperm(len(input_ids), device=device)
+    if world_size > 1:
+        import torch.distributed as dist
+
+        from rlfarm.distributed import shard_rows
+
+        dist.broadcast(order, src=0)  # one permutation for all ranks, whatever their generators hold
     model.train()
     totals = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.0}
-    for rows in torch.randperm(len(input_ids), device=device).chunk(cfg.minibatches):
-        logprobs = sequence_logprobs(model, input_ids[rows], attention_mask[rows], response_start, rollout.temperature)
-        ref_logprobs = None
-        if cfg.kl_coef:
-            with torch.no_grad():
-                ref_logprobs = sequence_logprobs(ref_model, input_ids[rows], attention_mask[rows], response_start,
-                                                 rollout.temperature)
-        loss = grpo_loss(logprobs, old_logprobs[rows], advantages[rows], response_mask[rows],
-                         cfg.clip_low, cfg.clip_high, ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef)
+    for rows in order.chunk(cfg.minibatches):
+        num_tokens = response_mask[rows].sum().float()  # the whole minibatch's: the loss's denominator
+        if world_size > 1:
+            mine, weights = shard_rows(rows, rank, world_size)
+            mask = response_mask[mine] * weights.unsqueeze(1)
+        else:
+            mine, mask = rows, response_mask[rows]
+        with torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32):
+            logprobs = sequence_logprobs(model, input_ids[mine], attention_mask[mine], response_start,
+                                         rollout.temperature)
+            ref_logprobs = None
+            if cfg.kl_coef:
+                with torch.no_grad():
+                    ref_logprobs = sequence_logprobs(ref_model, input_ids[mine], attention_mask[mine],
+                                                     response_start, rollout.temperature)
+        loss = grpo_loss(logprobs, old_logprobs[mine], advantages[mine], mask, cfg.clip_low, cfg.clip_high,
+                         ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef, num_tokens=num_tokens)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        (loss * world_size).backward()  # under DDP the gradients are averaged: × N makes them the shards' sum
+        grad_norm = torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.max_grad_norm)
         optimizer.step()
         with torch.no_grad():
-            step = {"loss": loss.detach(), "grad_norm": grad_norm,
-                    "clip_fraction": clip_fraction(logprobs, old_logprobs[rows], advantages[rows].unsqueeze(1),
-                                                   response_mask[rows], cfg.clip_low, cfg.clip_high),
-                    "approx_kl": approx_kl(logprobs, old_logprobs[rows], response_mask[rows])}
-        for name, value in step.items():
-            totals[name] += float(value) / cfg.minibatches
+            tokens = mask.sum()
+            # token sums of this shard (summed over the ranks), then divided by the minibatch's token count
+            sums = torch.stack([loss.detach().float() * num_tokens,
+                                clip_fraction(logprobs, old_logprobs[mine], advantages[mine].unsqueeze(1), mask,
+                                              cfg.clip_low, cfg.clip_high) * tokens,
+                                approx_kl(logprobs, old_logprobs[mine], mask) * tokens])
+            if world_size > 1:
+                dist.all_reduce(sums)
+            means = (sums / num_tokens.clamp(min=1.0)).tolist()
+        for name, value in zip(("loss", "clip_fraction", "approx_kl", "grad_norm"), (*means, float(grad_norm))):
+            totals[name] += value / cfg.minibatches
     model.eval()
     return totals
 

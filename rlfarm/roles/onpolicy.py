@@ -26,7 +26,7 @@ import ray
 import torch
 
 from rlfarm.algos.grpo_trainer import GRPOConfig, group_advantages, rollout_metrics, score_rollout, update_policy
-from rlfarm.distributed import data_parallel_update, join_data_parallel, wrap_data_parallel
+from rlfarm.distributed import join_data_parallel, wrap_data_parallel
 from rlfarm.engines.base import Rollout
 from rlfarm.engines.hf import HFEngine
 from rlfarm.envs.text_tasks import DigitTokenizer, TextTaskSpec, text_task, text_tokenizer
@@ -181,16 +181,9 @@ class PolicyLearner:
         metrics = rollout_metrics(rollout, rewards, keep) | {"staleness": self.version - rollout.weight_version}
         if keep.any():  # every rank sees the same rewards, so all ranks take this branch or none
             kept, kept_advantages = rollout.select_groups(keep), advantages[keep.repeat_interleave(self.cfg.group_size)]
-            if self.world_size > 1:
-                metrics |= data_parallel_update(self.trainer, self.optimizer, kept, kept_advantages, self.cfg,
-                                                self.rank, self.world_size, self.ref_model, self.compute_dtype)
-            else:  # update_policy has no autocast of its own: the whole update runs under it (backward and
-                # AdamW keep their fp32 dtypes; only the forward's matmuls drop to bf16)
-                device_type = torch.device(self.cfg.device).type
-                with torch.autocast(device_type, dtype=self.compute_dtype,
-                                    enabled=self.compute_dtype != torch.float32):
-                    metrics |= update_policy(self.model, self.optimizer, kept, kept_advantages, self.cfg,
-                                             self.ref_model)
+            # self.trainer: the DDP-wrapped model on > 1 ranks, the model itself on one
+            metrics |= update_policy(self.trainer, self.optimizer, kept, kept_advantages, self.cfg, self.ref_model,
+                                     rank=self.rank, world_size=self.world_size, compute_dtype=self.compute_dtype)
         return metrics
 
     def save(self, path: str) -> str:
