@@ -25,16 +25,14 @@ def summary_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
 
 
 def onpolicy_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
-    reached = "reached" if s.get("reached_target") else "did not reach"
     return (f"Done: {cfg.algo.name} on the '{cfg.env.task}' task ({cfg.topology.name}) ran {s['updates']:,} updates "
             f"({s['samples']:,} samples) in {s['wall_s']:.0f} s; mean reward of the last 10 updates "
-            f"{s['reward_mean']:.3f} ({reached} the target {s.get('target_reward')}). Run dir: {run_dir}.")
+            f"{s['reward_mean']:.3f}{_target(s, 'target_reward')}. Run dir: {run_dir}.")
 
 
 def ppo_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
     ret = s.get("episode_return_mean")
-    target = s.get("target_return")
-    reached = "" if target is None else f" ({'reached' if s.get('reached_target') else 'did not reach'} the target {target})"
+    reached = _target(s, "target_return")
     return (f"Done: {cfg.algo.name} on {cfg.env.id} ({cfg.topology.name}) ran {s['env_steps']:,} env steps in "
             f"{s['wall_s']:.0f} s ({s['env_steps_per_s']:,.0f}/s) with {s['updates']:,} updates "
             f"({s['gradient_steps']:,} gradient steps); mean return of the last 10 episodes "
@@ -43,8 +41,7 @@ def ppo_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
 
 
 def vla_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
-    reached = "" if s.get("target_success") is None else \
-        f" ({'reached' if s.get('reached_target') else 'did not reach'} the target {s['target_success']})"
+    reached = _target(s, "target_success")
     return (f"Done: {cfg.algo.name} on {cfg.env.id} ({cfg.topology.name}) ran {s['updates']:,} updates "
             f"({s['samples']:,} episodes, {s['env_steps']:,} env steps) in {s['wall_s']:.0f} s; success rate "
             f"{_rate(s.get('success_rate_start'))} at the start → {_rate(s.get('success_rate'))} over the last "
@@ -54,3 +51,11 @@ def vla_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
 
 def _rate(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
+
+
+def _target(s: dict, key: str) -> str:
+    """The " (reached the target 0.95)" part of a summary line, or nothing when the run had no target."""
+    target = s.get(key)
+    if target is None:
+        return ""
+    return f" ({'reached' if s.get('reached_target') else 'did not reach'} the target {target})"

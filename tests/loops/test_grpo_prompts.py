@@ -101,3 +101,11 @@ def test_bad_prompt_input_is_one_line_and_leaves_no_run_dir(tmp_path, lm_folder,
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
     assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_the_grpo_prompts_experiment_bundles_env_model_verifier_and_topology(lm_folder, prompt_file):
+    from rlfarm.config import compose
+
+    cfg = compose("train", ["experiment=grpo_prompts", f"env.path={prompt_file}", f"model.source={lm_folder}"])
+    assert (cfg.env.id, cfg.model.source, cfg.topology.name, cfg.algo.name) == ("prompts", lm_folder, "local_llm", "grpo")
+    assert cfg.reward.verifier == "last_number" and cfg.env.chat_template is True
