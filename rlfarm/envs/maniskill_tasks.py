@@ -8,8 +8,10 @@ Observations (a mapping):
   image        uint8 [3, S, S]: an RGB picture from the task's own camera ("base_camera"), S = `image_size`.
   proprio      float32 [5]: the gripper's tool-centre-point position (x, y, z) and its two finger joints.
   instruction  str: one of the task's templates (drawn per episode from the reset seed).
-Action: float32 [4] in [-1, 1] under ManiSkill's `pd_ee_delta_pos` controller: an end-effector displacement
-(x, y, z; ±1 is ManiSkill's largest step) and the gripper (−1 closed, 1 open).
+Action: float32 [4] in [-1, 1] under ManiSkill's `pd_ee_delta_pos` controller (the default `control_mode`): an
+end-effector displacement (x, y, z; ±1 is ManiSkill's largest step, 0.1 m) and the gripper (−1 closed, 1 open).
+Any other normalized ManiSkill controller works too, e.g. `pd_joint_delta_pos` ([8]: 7 joints + gripper), which
+skips the per-step inverse kinematics and steps about twice as fast.
 Reward: 1.0 on the step the task's own success test first holds, which also ends the episode (binary success, as
 SimpleVLA-RL trains on); 0 otherwise. Episodes are truncated at `max_steps`.
 
@@ -116,7 +118,8 @@ class ManiSkillTask(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, task: str = "PushCube-v1", image_size: int = 64, max_steps: int = 50,
-                 render_device: str = "auto", show_goal: bool = True, robot_init_qpos_noise: float = 0.02):
+                 render_device: str = "auto", show_goal: bool = True, robot_init_qpos_noise: float = 0.02,
+                 control_mode: str = "pd_ee_delta_pos"):
         """show_goal: draw the goal markers ManiSkill hides from its cameras (PickCube's green goal sphere): a
         policy that sees only the picture could not know where the goal is otherwise."""
         import mani_skill.envs  # noqa: F401 - registers the tasks; imported here: rlfarm runs without mani_skill
@@ -125,7 +128,7 @@ class ManiSkillTask(gym.Env):
             raise ValueError(f"task must be one of {sorted(TASKS)} (no downloaded assets), got {task!r}")
         self.task, self.image_size, self.max_steps = task, int(image_size), int(max_steps)
         self.show_goal = bool(show_goal)
-        self.env = gym.make(task, obs_mode="none", reward_mode="sparse", control_mode="pd_ee_delta_pos",
+        self.env = gym.make(task, obs_mode="none", reward_mode="sparse", control_mode=control_mode,
                             sim_backend="physx_cpu", render_backend=render_backend(render_device),
                             sensor_configs={"width": self.image_size, "height": self.image_size},
                             robot_init_qpos_noise=robot_init_qpos_noise, max_episode_steps=self.max_steps)

@@ -121,6 +121,15 @@ def test_pick_cube_shows_its_goal_only_when_asked(renders):
     assert green.sum() > 3 and (shown != hidden).any(axis=0).sum() >= green.sum()
 
 
+def test_joint_control_is_selectable(renders):
+    env = ManiSkillTask("PushCube-v1", image_size=32, render_device="cpu", control_mode="pd_joint_delta_pos")
+    obs, _ = env.reset(seed=6)
+    before = obs["proprio"].copy()
+    obs = env.step(np.array([0, 1, 0, 0, 0, 0, 0, -1], np.float32))[0]  # shoulder joint forward
+    assert env.action_space.shape == (8,) and np.abs(obs["proprio"][:3] - before[:3]).max() > 0.005
+    env.close()
+
+
 def test_unknown_task_is_a_one_line_config_error():
     with pytest.raises(ConfigError, match="unknown VLA task 'PushCub-v1'"):
         check_vla_task("PushCub-v1")

@@ -13,6 +13,7 @@ pytest.importorskip("mani_skill", reason="ManiSkill3 is in the sim extra: pip in
 from rlfarm.envs.maniskill_tasks import rendering_problem  # noqa: E402
 
 
+@pytest.mark.slow  # ~1 min: each of the two processes compiles the renderer's shaders on lavapipe first
 def test_simplevla_on_maniskill_push_cube_writes_a_run_directory(tmp_path):
     problem = rendering_problem("cpu")
     if problem:
