@@ -25,6 +25,7 @@ class JobFailed(RuntimeError):
 class Preempted(Exception):
     """SIGTERM arrived (Slurm preemption or time limit): a checkpoint was written; resume with resume=auto."""
 
-    def __init__(self, checkpoint: str):
-        super().__init__(f"preempted: checkpoint {checkpoint} written; rerun with resume=auto to continue")
+    def __init__(self, checkpoint: str | None):
+        super().__init__(f"preempted: checkpoint {checkpoint} written; rerun with resume=auto to continue"
+                         if checkpoint else "preempted before the first checkpoint; resume=auto starts over")
         self.checkpoint = checkpoint

@@ -1,13 +1,22 @@
 """What every resumable loop does about checkpoints: write one every `run.checkpoint_every_updates` updates
 or `run.checkpoint_every_min` minutes (keeping the newest two), and turn SIGTERM into a flag the loop checks
-between cycles (it then writes preempted.pt and exits for a requeue). The loop supplies `checkpoint(name)`."""
+between cycles (it then writes preempted.pt and exits for a requeue). The loop supplies `checkpoint(name)`.
+
+Slurm signals every process of the job, Ray's workers too, so a role may die of the same SIGTERM before the
+driver gets to its checkpoint: `until_preempted` turns any failure after the signal into the preemption exit,
+resuming from the newest checkpoint on disk."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
+from rlfarm.errors import Preempted
+from rlfarm.run import newest_checkpoint
+
 log = logging.getLogger("rlfarm")
 KEEP = 2  # periodic checkpoints kept: the newest two (one may be mid-write when the process dies)
+SIGNAL_GRACE_S = 2.0  # after a role failure: how long to wait for a SIGTERM that may explain it
 
 
 class PeriodicCheckpoints:
@@ -32,3 +41,31 @@ class PeriodicCheckpoints:
             for old in sorted(self.run.checkpoint_dir.glob("step_*.pt"))[:-KEEP]:
                 old.unlink(missing_ok=True)
             log.info("checkpoint %s", path)
+
+    def _preempted(self, **checkpoint_args) -> Preempted:
+        """The exception that ends a preempted run: with preempted.pt, or, when a role died with the signal,
+        with the newest checkpoint already on disk."""
+        try:
+            return Preempted(self.checkpoint("preempted.pt", **checkpoint_args))
+        except Exception as error:  # noqa: BLE001 - a role that died with the signal cannot write one
+            newest = newest_checkpoint(self.run.dir)
+            log.warning("preempted, but preempted.pt could not be written (%s); a resume continues from %s",
+                        str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__,
+                        newest or "the start")
+            return Preempted(str(newest) if newest else None)
+
+    @contextlib.contextmanager
+    def until_preempted(self, **checkpoint_args):
+        """Wrap a loop's body: after SIGTERM, a failure (a role killed by the same signal) is a preemption."""
+        try:
+            yield
+        except Preempted:
+            raise
+        except Exception:
+            # A role killed by the job's SIGTERM can fail a call before this process's own handler has run.
+            deadline = time.monotonic() + SIGNAL_GRACE_S
+            while not self._preempt and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self._preempt:
+                raise self._preempted(**checkpoint_args) from None
+            raise

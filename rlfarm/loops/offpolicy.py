@@ -10,7 +10,6 @@ import numpy as np
 import ray
 from omegaconf import DictConfig
 
-from rlfarm.errors import Preempted
 from rlfarm.loops.checkpoints import PeriodicCheckpoints
 from rlfarm.loops.roles import OffPolicyRoles, start_offpolicy_roles
 from rlfarm.loops.supervision import Supervisor, Worker, WorkerLost, first_seq, incarnation_key
@@ -83,14 +82,14 @@ class OffPolicyLoop(PeriodicCheckpoints):
                                                   incarnation_key(self.epoch, 0))
         sup.poll(timeout_s=30)
         sup.write_roles_file()
-        with LiveView(f"rlfarm · {self.cfg.algo.name} · {self.cfg.env.id} · {self.cfg.topology.name}",
-                      self.cfg.run.live) as view:
+        title = f"rlfarm · {self.cfg.algo.name} · {self.cfg.env.id} · {self.cfg.topology.name}"
+        with self.until_preempted(with_buffer=True), LiveView(title, self.cfg.run.live) as view:
             while not self._finished(learner_done):                                      # 1. act/label/learn
                 row = self._record()
                 view.update(row)
                 self._maybe_checkpoint(row["updates"])
                 if self._preempt:
-                    raise Preempted(self.checkpoint("preempted.pt", with_buffer=True))
+                    raise self._preempted(with_buffer=True)
             self._flush(learner_done)                                                     # 2. label + store the tail
             ray.get([l.stop.remote() for l in roles.labelers] + [roles.learner.stop.remote()])
             self._wait(learner_done)                                                      # 3. owed updates
@@ -133,6 +132,8 @@ class OffPolicyLoop(PeriodicCheckpoints):
     def _recover(self, worker: Worker, noticed: float) -> None:
         """A runner or labeler died: wait for Ray to restart it, then give it back what it lost: its peers,
         the policy, its share of the work (a runner) or the chunks it held (a labeler)."""
+        if self._preempt:  # SIGTERM reached the whole job (Slurm): the run ends with a checkpoint, no restart
+            raise RoleFailed(f"{worker.name} died after SIGTERM")
         roles = self.roles
         try:
             pid = self.supervisor.wait_until_back(worker, float(self.cfg.run.restart_timeout_s))

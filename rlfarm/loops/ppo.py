@@ -16,7 +16,6 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.envs.spaces import env_policy_dims
-from rlfarm.errors import Preempted
 from rlfarm.loops.checkpoints import PeriodicCheckpoints
 from rlfarm.roles.ppo_learner import PPOLearner
 from rlfarm.roles.rollout import RolloutRunner
@@ -60,8 +59,8 @@ class PPOLoop(PeriodicCheckpoints):
         ray.get([weights, *(r.spaces.remote() for r in self.runners)])  # the clock counts training, not start-up
         self.started = time.monotonic()
         row: dict = {}
-        with LiveView(f"rlfarm · ppo · {self.cfg.env.id} · {self.cfg.topology.name}", self.cfg.run.live,
-                      columns="ppo") as view:
+        title = f"rlfarm · ppo · {self.cfg.env.id} · {self.cfg.topology.name}"
+        with self.until_preempted(), LiveView(title, self.cfg.run.live, columns="ppo") as view:
             while (steps := self._rollout_steps()) > 0:
                 progress = self.env_steps / int(self.cfg.total_env_steps)
                 collected = [r.collect.options(num_returns=2).remote(weights, steps) for r in self.runners]  # 1. act
@@ -72,7 +71,7 @@ class PPOLoop(PeriodicCheckpoints):
                 view.update(row)
                 self._maybe_checkpoint(row["updates"])
                 if self._preempt:
-                    raise Preempted(self.checkpoint("preempted.pt"))
+                    raise self._preempted()
                 if self._done(row, target):
                     break
         return self._summary(row, target)

@@ -18,7 +18,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.envs.vla_tasks import check_vla_task
-from rlfarm.errors import ConfigError, Preempted
+from rlfarm.errors import ConfigError
 from rlfarm.loops.checkpoints import PeriodicCheckpoints
 from rlfarm.roles.vla import VLAConfig, VLALearner, VLARolloutWorker
 from rlfarm.run import Run
@@ -76,14 +76,14 @@ class VLALoop(PeriodicCheckpoints):
         ray.get([weights, *(w.load_weights.remote(None) for w in self.workers)])  # the clock counts training only
         self.started = time.monotonic()
         target, row = self.cfg.algo.target_success, {}
-        with LiveView(f"rlfarm · simplevla · {self.cfg.env.id} · {self.cfg.topology.name}", self.cfg.run.live,
-                      columns="onpolicy") as view:
+        title = f"rlfarm · simplevla · {self.cfg.env.id} · {self.cfg.topology.name}"
+        with self.until_preempted(), LiveView(title, self.cfg.run.live, columns="onpolicy") as view:
             for update in range(self.first_update, int(self.cfg.algo.max_updates) + 1):
                 weights, row = self._step(update, weights)
                 view.update(row)
                 self._maybe_checkpoint(update)
                 if self._preempt:
-                    raise Preempted(self.checkpoint("preempted.pt"))
+                    raise self._preempted()
                 if self._done(row, target):
                     break
         return self._summary(row, target)

@@ -1,0 +1,73 @@
+"""The checkpoint side every resumable loop shares (rlfarm/loops/checkpoints.py): periodic checkpoints, and
+SIGTERM → preemption even when a role died of the same signal (Slurm signals every process of the job)."""
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlfarm.errors import Preempted
+from rlfarm.loops.checkpoints import PeriodicCheckpoints
+
+
+class Loop(PeriodicCheckpoints):
+    def __init__(self, tmp_path, learner_alive=True, every_updates=2):
+        self.cfg = OmegaConf.create({"run": {"checkpoint_every_updates": every_updates, "checkpoint_every_min": None}})
+        self.run = SimpleNamespace(dir=tmp_path, checkpoint_dir=tmp_path / "checkpoints")
+        self.run.checkpoint_dir.mkdir()
+        self.learner_alive = learner_alive
+        self._start_checkpoints()
+
+    def checkpoint(self, name="final.pt", with_buffer=False):
+        if not self.learner_alive:
+            raise RuntimeError("ActorUnavailableError: the actor is temporarily unavailable")
+        path = self.run.checkpoint_dir / name
+        path.write_text(f"buffer={with_buffer}")
+        return str(path)
+
+
+def test_periodic_checkpoints_keep_the_newest_two(tmp_path):
+    loop = Loop(tmp_path)
+    for updates in range(1, 9):
+        loop._maybe_checkpoint(updates)
+        time.sleep(0.01)
+    assert sorted(p.name for p in loop.run.checkpoint_dir.iterdir()) == ["step_000000006.pt", "step_000000008.pt"]
+
+
+def test_a_failure_after_sigterm_is_a_preemption_with_preempted_pt(tmp_path):
+    loop = Loop(tmp_path)
+    loop.request_preemption()
+    with pytest.raises(Preempted) as caught:
+        with loop.until_preempted(with_buffer=True):
+            raise RuntimeError("a runner died with the job's SIGTERM")
+    assert caught.value.checkpoint.endswith("preempted.pt")
+    assert (loop.run.checkpoint_dir / "preempted.pt").read_text() == "buffer=True"
+
+
+def test_a_learner_killed_by_the_signal_resumes_from_the_newest_checkpoint_on_disk(tmp_path):
+    loop = Loop(tmp_path)
+    loop._maybe_checkpoint(2)
+    loop.learner_alive = False
+    # the role's failure reaches the loop before this process's own SIGTERM handler has run
+    threading.Timer(0.3, loop.request_preemption).start()
+    with pytest.raises(Preempted) as caught:
+        with loop.until_preempted():
+            raise RuntimeError("the learner's socket closed")
+    assert caught.value.checkpoint.endswith("step_000000002.pt")
+    assert not (loop.run.checkpoint_dir / "preempted.pt").exists()
+
+
+def test_a_failure_without_sigterm_stays_a_failure(tmp_path):
+    loop = Loop(tmp_path)
+    with pytest.raises(RuntimeError, match="reward model"):
+        with loop.until_preempted():
+            raise RuntimeError("the reward model raised")
+
+
+def test_preempted_before_any_checkpoint_says_a_resume_starts_over(tmp_path):
+    loop = Loop(tmp_path, learner_alive=False)
+    loop.request_preemption()
+    with pytest.raises(Preempted, match="starts over"):
+        with loop.until_preempted():
+            raise RuntimeError("everything died")
