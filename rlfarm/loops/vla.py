@@ -60,7 +60,9 @@ class VLALoop(PeriodicCheckpoints):
                                                                                           p.threads)
                         for p, share in zip(runners, self.shares)]
         (learner,) = plan.of("learner")
-        self.learner = ray.remote(VLALearner).options(**placed.options(learner)).remote(self.vla, learner.threads)
+        shapes = ray.get(self.workers[0].shapes.remote())  # sizes the learner's policy without an env of its own
+        self.learner = ray.remote(VLALearner).options(**placed.options(learner)).remote(self.vla, shapes,
+                                                                                      learner.threads)
         self.successes: deque[float] = deque(maxlen=SUCCESS_WINDOW)
         self.times: dict[str, list[float]] = {key: [] for key in TIME_KEYS}
         self.first_success: float | None = None

@@ -65,12 +65,17 @@ def make_env(cfg: VLAConfig):
     return ActionChunkWrapper(make_vla_task(cfg.env_id, **cfg.env), cfg.chunk_size)
 
 
-def build_policy(cfg: VLAConfig, env) -> TinyVLA:
-    torch.manual_seed(cfg.seed)
+def policy_shapes(env) -> dict[str, int]:
+    """What sizes the policy: the env's action and proprio dimensions and picture side."""
     inner = env.unwrapped
-    return tiny_vla(instruction_vocabulary(cfg.env_id), inner.action_space.shape[0], cfg.chunk_size,
-                    inner.observation_space["proprio"].shape[0], image_size=inner.image_size, bins=cfg.bins,
-                    **cfg.model)
+    return {"action_dim": int(inner.action_space.shape[0]),
+            "proprio_dim": int(inner.observation_space["proprio"].shape[0]), "image_size": int(inner.image_size)}
+
+
+def build_policy(cfg: VLAConfig, shapes: dict[str, int]) -> TinyVLA:
+    torch.manual_seed(cfg.seed)
+    return tiny_vla(instruction_vocabulary(cfg.env_id), shapes["action_dim"], cfg.chunk_size, shapes["proprio_dim"],
+                    image_size=shapes["image_size"], bins=cfg.bins, **cfg.model)
 
 
 def policy_inputs(policy: TinyVLA, images, instructions, proprios, device="cpu"):
@@ -87,13 +92,17 @@ class VLARolloutWorker:
         self.cfg, self.index = cfg, index
         self.device = device or (assigned_device() if ray.is_initialized() else "cpu")
         self.envs = [make_env(cfg) for _ in range(groups * cfg.group_size)]
-        self.policy = build_policy(cfg, self.envs[0]).to(self.device).eval()
+        self.policy_shapes = policy_shapes(self.envs[0])
+        self.policy = build_policy(cfg, self.policy_shapes).to(self.device).eval()
         space = self.envs[0].unwrapped.action_space
         self.action_tokenizer = ActionTokenizer(space.low, space.high, cfg.bins)  # actions are already [-1, 1]
         self.calls = -(-self.envs[0].unwrapped.max_steps // cfg.chunk_size)  # policy calls per episode, at most
         self.generator = torch.Generator(self.device).manual_seed(cfg.seed * 7919 + index)
         self.env_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-group")
         self.version = 0
+
+    def shapes(self) -> dict[str, int]:
+        return self.policy_shapes
 
     def load_weights(self, weights: tuple[list, int] | None) -> None:
         """weights = ([ref], version), the ref boxed so that Ray hands it over unresolved."""
@@ -224,10 +233,12 @@ def update_vla(model: TinyVLA, optimizer: torch.optim.Optimizer, batch: dict, ad
 
 
 class VLALearner:
-    def __init__(self, cfg: VLAConfig, threads: int = 1):
+    def __init__(self, cfg: VLAConfig, shapes: dict[str, int] | None = None, threads: int = 1):
+        """`shapes`: a worker's `shapes()`, so the learner need not build an env (a ManiSkill one starts a
+        renderer and compiles shaders); None builds one to read them."""
         limit_threads(threads)
         self.cfg, self.device = cfg, assigned_device() if ray.is_initialized() else "cpu"
-        self.model = build_policy(cfg, make_env(cfg)).to(self.device).eval()
+        self.model = build_policy(cfg, shapes or policy_shapes(make_env(cfg))).to(self.device).eval()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.version = 0
 
