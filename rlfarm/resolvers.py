@@ -4,8 +4,8 @@
 with `hydra/launcher=slurm` never asks for less than the run will place (it would then fail its
 cluster check on the node) nor for GPUs it leaves idle:
 
-    cpus_per_task: ${rlfarm.slurm_cpus:${topology},${ray.num_cpus}}
-    gpus_per_node: ${rlfarm.slurm_gpus:${topology}}
+    cpus_per_task: ${rlfarm.slurm_cpus:${topology},${ray.num_cpus},${algo.family}}
+    gpus_per_node: ${rlfarm.slurm_gpus:${topology},${algo.family}}
 
 Both read the topology through `plan_topology`, the same arithmetic the run's own cluster check uses, so
 the numbers cannot drift from the yaml (a key like `topology.gpus_total` would have to be kept in sync in
@@ -22,18 +22,19 @@ from omegaconf import OmegaConf
 from rlfarm.topology import plan_topology
 
 
-def slurm_cpus(topology: Mapping, declared: float | None = None) -> int:
-    """CPUs per task: the topology's role CPUs rounded up, or `ray.num_cpus` when that declares more."""
-    needed = math.ceil(plan_topology(topology).total_cpus - 1e-9)
+def slurm_cpus(topology: Mapping, declared: float | None = None, family: str = "offpolicy") -> int:
+    """CPUs per task: the CPUs of the roles the family places, rounded up, or `ray.num_cpus` when that
+    declares more."""
+    needed = math.ceil(plan_topology(topology, family).total_cpus - 1e-9)
     if declared is not None:
         needed = max(needed, math.ceil(float(declared)))
     return max(needed, 1)
 
 
-def slurm_gpus(topology: Mapping) -> int | None:
+def slurm_gpus(topology: Mapping, family: str = "offpolicy") -> int | None:
     """GPUs per node: the sum of the topology's pools; None (no --gpus flag at all) when it has none,
     so a CPU-only topology also runs on clusters that define no GPU GRES."""
-    gpus = plan_topology(topology).total_gpus
+    gpus = plan_topology(topology, family).total_gpus
     return gpus or None
 
 
