@@ -9,6 +9,8 @@ on the weights just synced, so they equal what the learner would recompute (test
 """
 from __future__ import annotations
 
+import contextlib
+
 import copy
 import logging
 import math
@@ -58,6 +60,7 @@ class GRPOConfig:
     norm_std: bool = True
     filter_groups: bool = True    # DAPO dynamic sampling: drop groups whose rewards are all equal
     minibatches: int = 1          # optimizer steps per rollout (copy-4: 2 took fewer rollouts, stalled on 2 of 6 seeds)
+    micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None: a whole minibatch
     max_updates: int = 2000
     time_limit_s: float = 300.0
     target_reward: float | None = 0.95  # stop once the reward, averaged over reward_window updates, reaches it
@@ -89,11 +92,14 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
                   compute_dtype: torch.dtype = torch.float32) -> dict[str, float]:
     """`cfg.minibatches` clipped token-level GRPO steps on one rollout; returns mean metrics.
 
-    Data-parallel (world_size > 1, `model` under DDP, see rlfarm/distributed.py): every rank holds the whole
-    rollout, uses rank 0's permutation, and computes the loss on its shard of each minibatch with the whole
-    minibatch's token count as denominator, times N (DDP's average divides it out), so the averaged gradient
-    is the one learner's. The metrics are then summed over the ranks. compute_dtype other than float32: the
-    forward passes run under autocast to it (weights, gradients and optimizer state stay fp32)."""
+    Every loss term is a token sum divided by the token count of the whole minibatch, so the pieces a
+    minibatch is cut into add up to exactly its gradient:
+    - gradient accumulation (`cfg.micro_batch_size` rows per forward/backward, one optimizer step);
+    - data parallel (world_size > 1, `model` under DDP, see rlfarm/distributed.py): every rank holds the whole
+      rollout, uses rank 0's permutation and takes its shard of each minibatch; its loss is multiplied by N
+      (DDP averages over the ranks), and the metrics are summed over the ranks.
+    compute_dtype other than float32: the forward passes run under autocast to it (weights, gradients and
+    optimizer state stay fp32)."""
     device = next(model.parameters()).device
     module = getattr(model, "module", model)  # under DDP: clip the wrapped module's gradients
     input_ids, attention_mask = rollout.input_ids().to(device), rollout.attention_mask().to(device)
@@ -109,36 +115,42 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
     model.train()
     totals = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.0}
     for rows in order.chunk(cfg.minibatches):
-        num_tokens = response_mask[rows].sum().float()  # the whole minibatch's: the loss's denominator
+        num_tokens = response_mask[rows].sum().float()  # the whole minibatch's: every term's denominator
         if world_size > 1:
             mine, weights = shard_rows(rows, rank, world_size)
-            mask = response_mask[mine] * weights.unsqueeze(1)
         else:
-            mine, mask = rows, response_mask[rows]
-        with torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32):
-            logprobs = sequence_logprobs(model, input_ids[mine], attention_mask[mine], response_start,
-                                         rollout.temperature)
-            ref_logprobs = None
-            if cfg.kl_coef:
-                with torch.no_grad():
-                    ref_logprobs = sequence_logprobs(ref_model, input_ids[mine], attention_mask[mine],
-                                                     response_start, rollout.temperature)
-        loss = grpo_loss(logprobs, old_logprobs[mine], advantages[mine], mask, cfg.clip_low, cfg.clip_high,
-                         ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef, num_tokens=num_tokens)
+            mine, weights = rows, torch.ones(len(rows), device=device)
         optimizer.zero_grad(set_to_none=True)
-        (loss * world_size).backward()  # under DDP the gradients are averaged: × N makes them the shards' sum
+        sums = torch.zeros(3, device=device)  # token sums of loss, clipped and KL over this rank's rows
+        micro = cfg.micro_batch_size or len(mine)
+        pieces = list(zip(mine.split(micro), weights.split(micro)))
+        for k, (part, part_weights) in enumerate(pieces):
+            mask = response_mask[part] * part_weights.unsqueeze(1)
+            # DDP all-reduces the gradients once, after the last piece
+            syncing = world_size == 1 or k == len(pieces) - 1
+            with (contextlib.nullcontext() if syncing else model.no_sync()):
+                with torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32):
+                    logprobs = sequence_logprobs(model, input_ids[part], attention_mask[part], response_start,
+                                                 rollout.temperature)
+                    ref_logprobs = None
+                    if cfg.kl_coef:
+                        with torch.no_grad():
+                            ref_logprobs = sequence_logprobs(ref_model, input_ids[part], attention_mask[part],
+                                                             response_start, rollout.temperature)
+                loss = grpo_loss(logprobs, old_logprobs[part], advantages[part], mask, cfg.clip_low,
+                                 cfg.clip_high, ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef, num_tokens=num_tokens)
+                (loss * world_size).backward()  # under DDP the gradients are averaged: × N makes them a sum
+            with torch.no_grad():
+                tokens = mask.sum()
+                sums += torch.stack([loss.detach().float() * num_tokens,
+                                     clip_fraction(logprobs, old_logprobs[part], advantages[part].unsqueeze(1), mask,
+                                                   cfg.clip_low, cfg.clip_high) * tokens,
+                                     approx_kl(logprobs, old_logprobs[part], mask) * tokens])
         grad_norm = torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.max_grad_norm)
         optimizer.step()
-        with torch.no_grad():
-            tokens = mask.sum()
-            # token sums of this shard (summed over the ranks), then divided by the minibatch's token count
-            sums = torch.stack([loss.detach().float() * num_tokens,
-                                clip_fraction(logprobs, old_logprobs[mine], advantages[mine].unsqueeze(1), mask,
-                                              cfg.clip_low, cfg.clip_high) * tokens,
-                                approx_kl(logprobs, old_logprobs[mine], mask) * tokens])
-            if world_size > 1:
-                dist.all_reduce(sums)
-            means = (sums / num_tokens.clamp(min=1.0)).tolist()
+        if world_size > 1:
+            dist.all_reduce(sums)
+        means = (sums / num_tokens.clamp(min=1.0)).tolist()
         for name, value in zip(("loss", "clip_fraction", "approx_kl", "grad_norm"), (*means, float(grad_norm))):
             totals[name] += value / cfg.minibatches
     model.eval()

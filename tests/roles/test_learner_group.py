@@ -70,3 +70,22 @@ def test_two_ranks_update_like_one_learner_on_the_whole_batch(ray_cpu, one_torch
     assert max((before[name] - expected_weights[name]).abs().max() for name in before) > 1e-4  # it learned
     for name in before:
         torch.testing.assert_close(weights[0][name], expected_weights[name], rtol=0, atol=1e-5)
+
+
+def test_gradient_accumulation_in_micro_batches_updates_like_whole_minibatches(one_torch_thread):
+    """micro_batch_size=2 cuts each minibatch (5 and 4 rows) into forward/backward pieces of 2, 2, 1 and 2, 2
+    with one optimizer step per minibatch: the same loss, gradient norm and weights as whole minibatches."""
+    import dataclasses
+
+    generated = EngineRole(CFG).generate()
+    rewards = ScorerRole(CFG).score(generated)
+    whole, pieces = PolicyLearner(CFG), PolicyLearner(dataclasses.replace(CFG, micro_batch_size=2))
+    torch.manual_seed(1)  # the same minibatch permutation for both
+    expected = whole.update(generated, rewards)
+    torch.manual_seed(1)
+    got = pieces.update(generated, rewards)
+    assert expected["loss"] != 0.0
+    for key in ("loss", "grad_norm", "clip_fraction", "approx_kl"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+    for name, value in parameters(whole.model).items():
+        torch.testing.assert_close(parameters(pieces.model)[name], value, rtol=0, atol=1e-5)
