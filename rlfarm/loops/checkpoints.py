@@ -20,12 +20,12 @@ SIGNAL_GRACE_S = 2.0  # after a role failure: how long to wait for a SIGTERM tha
 
 
 class PeriodicCheckpoints:
+    """Mixed into a loop that has `cfg` (run.checkpoint_every_*), `run` (dir, checkpoint_dir) and
+    `checkpoint(name, **args) -> path` (which asks its learner to save); call `_start_checkpoints` in __init__."""
+
     def _start_checkpoints(self, updates: int = 0) -> None:
         self._preempt = False
         self._last_checkpoint = (updates, time.monotonic())  # (updates, time) of the last periodic one
-
-    def checkpoint(self, name: str = "final.pt") -> str:
-        raise NotImplementedError
 
     def request_preemption(self) -> None:
         """Signal-handler side: only sets a flag; the loop checkpoints after its current cycle."""

@@ -56,8 +56,8 @@ def died(ref: ray.ObjectRef) -> BaseException | None:
     """The actor-death error a finished `run()` ref holds, or None if it returned (or failed otherwise)."""
     try:
         ray.get(ref, timeout=0)
-    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as error:
-        return error  # unavailable: the process died and Ray is restarting it (the pid will tell)
+    except ray.exceptions.RayActorError as error:  # ActorUnavailableError too: dead and being restarted
+        return error
     except Exception:  # noqa: BLE001 - a role's own exception is not a death; the loop reports it
         return None
     return None
