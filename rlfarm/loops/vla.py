@@ -67,7 +67,7 @@ class VLALoop(PeriodicCheckpoints):
         self.times: dict[str, list[float]] = {key: [] for key in TIME_KEYS}
         self.first_success: float | None = None
         self.env_steps = self.episodes = 0
-        self.first_update, self.updates, self.wall_offset = 1, 0, 0.0
+        self.updates, self.wall_offset = 0, 0.0  # updates done (a resumed run continues after them)
         self.started = time.monotonic()
         self._start_checkpoints()
         if resume_from:
@@ -80,7 +80,7 @@ class VLALoop(PeriodicCheckpoints):
         target, row = self.cfg.algo.target_success, {}
         title = f"rlfarm · simplevla · {self.cfg.env.id} · {self.cfg.topology.name}"
         with self.until_preempted(), LiveView(title, self.cfg.run.live, columns="onpolicy") as view:
-            for update in range(self.first_update, int(self.cfg.algo.max_updates) + 1):
+            for update in range(self.updates + 1, int(self.cfg.algo.max_updates) + 1):
                 weights, row = self._step(update, weights)
                 view.update(row)
                 self._maybe_checkpoint(update)
@@ -166,12 +166,11 @@ class VLALoop(PeriodicCheckpoints):
         resumed run draws the initial states the uninterrupted one would have."""
         extra = ray.get(self.learner.load.remote(path))
         self.updates = int(extra["updates"])
-        self.first_update = self.updates + 1
         self.env_steps, self.episodes = int(extra["env_steps"]), int(extra["episodes"])
         self.successes.extend(extra["successes"])
         self.first_success = extra["first_success"]
         self.times = {key: list(extra["times"].get(key, [])) for key in TIME_KEYS}
         self.wall_offset = float(extra["wall_s"])
-        self._start_checkpoints(int(extra["updates"]))
+        self._start_checkpoints(self.updates)
         self.run.truncate_metrics(after_env_steps=self.env_steps)
-        log.info("resumed from %s after update %d", path, extra["updates"])
+        log.info("resumed from %s after update %d", path, self.updates)

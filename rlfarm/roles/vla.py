@@ -160,12 +160,14 @@ class VLARolloutWorker:
     def _infer(self, live: np.ndarray, state: dict, batch: dict) -> np.ndarray:
         """Sample action tokens for the live envs, record the call, return their action chunks [len(live), K, D]."""
         obs = [state["obs"][i] for i in live]
-        image, words, proprio = policy_inputs(self.policy, [o["image"] for o in obs], [o["instruction"] for o in obs],
-                                              [o["proprio"] for o in obs], self.device)
-        tokens, logprobs = self.policy.sample(image, words, proprio, self.cfg.temperature, self.generator)
+        inputs = policy_inputs(self.policy, [o["image"] for o in obs], [o["instruction"] for o in obs],
+                               [o["proprio"] for o in obs])  # on the host: recorded as they are, sent once
+        tokens, logprobs = self.policy.sample(*(t.to(self.device) for t in inputs), self.cfg.temperature,
+                                              self.generator)
         call = state["call"][live]
-        for name, value in (("image", image), ("words", words), ("proprio", proprio), ("tokens", tokens),
-                            ("logprobs", logprobs)):
+        for name, value in zip(("image", "words", "proprio"), inputs):
+            batch[name][live, call] = value.numpy()
+        for name, value in (("tokens", tokens), ("logprobs", logprobs)):
             batch[name][live, call] = value.cpu().numpy()  # the sampled tokens: the one host sync per call
         batch["called"][live, call] = True
         state["call"][live] += 1
