@@ -13,6 +13,8 @@ wall time some worker spent in inference (summed over workers, so W workers can 
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import multiprocessing as mp
 import os
 import time
@@ -38,7 +40,7 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
     busy_kind = "GPU busy (NVML)" if device == "cuda" else "inference share of wall time"
     rows = []
     for case, count, pipeline in cases:
-        result = measure(VLAConfig(**{**vla.__dict__, "pipeline": pipeline}), groups, count, device,
+        result = measure(dataclasses.replace(vla, pipeline=pipeline), groups, count, device,
                          int(size.repeats), float(size.timeout_s))
         baseline = None if case == "sequential" else "sequential"
         common = {"workers": count, "envs": groups * vla.group_size, "pipeline": pipeline, **result["breakdown"]}
@@ -53,9 +55,9 @@ def measure(vla, groups: int, workers: int, device: str, repeats: int, timeout_s
     """Start `workers` processes sharing `groups` GRPO groups; time `repeats` rollouts of each from a common go."""
     context = mp.get_context("spawn")  # CUDA in the children; a fork would inherit this process's state
     ready, results, go = context.Queue(), context.Queue(), context.Event()
-    shares = [groups // workers + (1 if i < groups % workers else 0) for i in range(workers)]
-    if min(shares) < 1:
-        raise ValueError(f"{groups} groups cannot feed {workers} workers; raise envs or lower workers")
+    from rlfarm.loops.vla import split_groups
+
+    shares = split_groups(groups, workers)
     procs = [context.Process(target=worker_main, args=(vla, share, i, device, repeats, ready, results, go),
                              daemon=True) for i, share in enumerate(shares)]
     for proc in procs:
@@ -64,7 +66,7 @@ def measure(vla, groups: int, workers: int, device: str, repeats: int, timeout_s
         for _ in procs:
             ready.get(timeout=timeout_s)  # each has built its envs and done one warm-up rollout
         sampler = busy_sampler(device)
-        with sampler:
+        with sampler or contextlib.nullcontext():
             started = time.perf_counter()
             go.set()
             stats = [results.get(timeout=timeout_s) for _ in procs]
@@ -85,24 +87,13 @@ def measure(vla, groups: int, workers: int, device: str, repeats: int, timeout_s
 
 
 def busy_sampler(device: str):
-    """NVML sampling of the GPU the workers use (the first visible one); nothing to sample on CPU."""
+    """NVML sampling of the GPU the workers use (the first visible one); None on CPU."""
     if device != "cuda":
-        return _NoSampler()
+        return None
     from rlfarm.telemetry.gpu_busy import GpuBusySampler
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return GpuBusySampler(gpus=[int(visible.split(",")[0]) if visible else 0], interval_s=0.05)
-
-
-class _NoSampler:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-    def mean_percent(self) -> dict:
-        return {}
 
 
 def worker_main(vla, groups: int, index: int, device: str, repeats: int, ready, results, go) -> None:
