@@ -140,8 +140,9 @@ def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
 def _first_fit(free: list[float], share: float, gpus_in_bundle: list[int], taken: set[int] = frozenset()
                ) -> int | None:
     """Index of the first GPU bundle with `share` left. A share of k > 1 whole GPUs (a data-parallel learner)
-    takes k untouched one-GPU bundles merged into one k-GPU bundle, which holds its k ranks of one GPU each. The merged-away bundles are marked 0 in `gpus_in_bundle` (renumbered by the caller).
-    Bundles in `taken` are skipped."""
+    takes k untouched one-GPU bundles merged into one k-GPU bundle, which holds its k ranks of one GPU each.
+    The merged-away bundles are marked 0 in `gpus_in_bundle` (renumbered by the caller). Bundles in `taken`
+    are skipped."""
     if share > 1:
         untouched = [i for i, left in enumerate(free) if gpus_in_bundle[i] == 1 and left >= 1.0 - 1e-9]
         if len(untouched) < share:
