@@ -182,6 +182,10 @@ def check_ppo(cfg: DictConfig) -> None:
                           "use model=actor_critic")
 
 
+# learner → engine: auto picks ipc (one GPU), broadcast (separate GPUs) or object_store (CPU); `rlfarm.sync`
+WEIGHT_SYNCS = ("auto", "object_store", "broadcast", "ipc")
+
+
 def check_text_policy(cfg: DictConfig) -> None:
     """GRPO on text: a text task, a verifier to score it, one language model (built or loaded), and for a
     prompt file a tokenizer and a readable file with the named fields — all before Ray starts."""
@@ -189,9 +193,13 @@ def check_text_policy(cfg: DictConfig) -> None:
     if task is None:
         raise ConfigError(f"algo={cfg.algo.name} generates text, but env={cfg.env.id} is not a text task",
                           "pick env=digits|prompts, or algo=ppo|sac for gymnasium envs")
-    if OmegaConf.select(cfg, "reward.verifier", default=None) is None:
+    verifier = OmegaConf.select(cfg, "reward.verifier", default=None)
+    if verifier is None:
         raise ConfigError(f"algo={cfg.algo.name} scores completions with a rule verifier, but this reward has none",
                           "use reward=verifier (reward.verifier=exact_match|last_number|partial_credit)")
+    from rlfarm.rewards.verifiers import VERIFIERS  # numpy only: no torch import before the run starts
+    if verifier not in VERIFIERS:
+        raise ConfigError(f"unknown reward.verifier {verifier!r}", f"set reward.verifier={'|'.join(VERIFIERS)}")
     source, config = cfg.model.get("source"), cfg.model.get("config")
     if (source is None) == (config is None):
         raise ConfigError(f"algo={cfg.algo.name} needs one language model: model.config (build) or model.source "
@@ -200,6 +208,12 @@ def check_text_policy(cfg: DictConfig) -> None:
     if source is not None and _looks_local(str(source)) and not os.path.isdir(os.path.expanduser(str(source))):
         raise ConfigError(f"model.source: no such folder '{source}'",
                           "set model.source=<a folder written by save_pretrained> or a hub id like Qwen/Qwen2.5-0.5B")
+    _choice(cfg, "algo.weight_sync", WEIGHT_SYNCS)
+    if cfg.algo.weight_sync == "ipc":
+        roles = cfg.topology.roles
+        if roles.learner.pool is None or roles.learner.pool != roles.engine.pool or not roles.engine.gpus:
+            raise ConfigError(f"algo.weight_sync=ipc needs the learner and the engine on one GPU, but topology="
+                              f"{cfg.topology.name} puts them apart", "use topology=colocated, or algo.weight_sync=auto")
     if task == "prompts":
         if source is None:
             raise ConfigError("prompt files need a tokenizer, but model.config builds a model without one",

@@ -153,11 +153,13 @@ def broadcast_and_host_s(state: dict, model_cfg: dict, dtype: str, engine_device
             barrier(group)  # the engine has finished before this process tears the group down
             log.info("sync bench: broadcasts done")
             to_host_s = timed(lambda _: HostSender().send(state), learner_device, repeats)
-            faulthandler.cancel_dump_traceback_later()
             finished.set()
+            # NCCL tears a communicator down with every member at once: close while the engine closes, before
+            # waiting for it to exit (waiting first leaves both sides in ncclCommFinalize for good).
+            group.close()
+            faulthandler.cancel_dump_traceback_later()
             if peer.wait(timeout=timeout_s) != 0:
                 raise RuntimeError(f"the engine process of the sync bench failed (exit {peer.returncode})")
-            group.close()
             timings = json.loads(result.read_text())
         finally:
             if peer.poll() is None:
@@ -211,9 +213,10 @@ def engine_process(request: dict) -> None:
     host_state = {name: t.detach().cpu() for name, t in trainable_state_dict(engine.model).items()}
     from_host_s = timed(lambda version: load_into(engine, PassThroughReceiver(), host_state, version), device,
                         request["repeats"])
-    group.close()
     Path(request["result"]).write_text(json.dumps({"sync_s": statistics.median(times[1:]),
                                                    "from_host_s": from_host_s}))
+    group.close()  # the learner closes its side at the same time (see broadcast_and_host_s)
+    faulthandler.cancel_dump_traceback_later()
 
 
 if __name__ == "__main__":

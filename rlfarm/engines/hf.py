@@ -49,6 +49,7 @@ class HFEngine(Engine):
         self.model = model.to(self.device).eval()
         self.pad_id, self.stop_check_every = pad_id, stop_check_every
         self.weight_version = 0
+        self._named: dict[str, torch.Tensor] | None = None
         self._cache_kwarg = cache_kwarg(model)
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         use_static = decoder == "static" or (decoder == "auto" and static_decoder.supports(self.model))
@@ -117,7 +118,7 @@ class HFEngine(Engine):
 
     @torch.no_grad()
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        own = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        own = self._tensors()
         unknown = [name for name in state_dict if name not in own]
         if unknown:
             raise KeyError(f"engine model has no tensor {unknown[0]!r} ({len(unknown)} unknown names)")
@@ -125,12 +126,22 @@ class HFEngine(Engine):
             torch._foreach_copy_([own[name] for name in state_dict], list(state_dict.values()))
         self.weight_version = version
 
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        """Name → parameter/buffer, built once: walking the modules costs ~1 ms on the 0.5B shape, and a
+        bucketed sync calls `update_weights` once per bucket. Rebuilt after sleep/wake: moving a model replaces
+        its buffers (its parameters stay the same objects)."""
+        if self._named is None:
+            self._named = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        return self._named
+
     def sleep(self) -> None:
         if self._static is not None:
             self._static.release()  # the graphs point at the memory given back below
         self.model.to("cpu")
+        self._named = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     def wake(self) -> None:
         self.model.to(self.device)
+        self._named = None

@@ -106,14 +106,13 @@ class OnPolicyLoop:
                 "reached_target": bool(target is not None and row["reward_mean"] >= target)}
 
     def _open_weight_sync(self, choice: str) -> str:
-        if choice not in ("auto", "object_store", "broadcast"):
-            raise ConfigError(f"algo.weight_sync must be auto, object_store or broadcast, got {choice!r}",
-                              "set +algo.weight_sync=auto|object_store|broadcast")
-        if choice == "auto":
-            devices = ray.get([self.learner.device.remote(), self.engine.device.remote()])
-            # NCCL needs one GPU per rank: colocated roles share one, so they go through the object store.
-            split = all(device.startswith("cuda") for device in devices) and not self.time_share
-            choice = "broadcast" if split else "object_store"
+        on_gpus = all(device.startswith("cuda") for device in
+                      ray.get([self.learner.device.remote(), self.engine.device.remote()]))
+        if choice == "ipc" and not (on_gpus and self.time_share):
+            raise ConfigError("algo.weight_sync=ipc needs the learner and the engine on one GPU",
+                              "use a colocated GPU topology, or algo.weight_sync=auto")
+        if choice == "auto":  # NCCL needs one GPU per rank; roles that share one GPU map each other's memory
+            choice = ("ipc" if self.time_share else "broadcast") if on_gpus else "object_store"
         if choice == "broadcast":
             address = ray.get(self.learner.open_weight_sync.remote(2))
             ray.get([self.learner.join_weight_sync.remote(2), self.engine.join_weight_sync.remote(address, 1, 2)])
@@ -144,6 +143,10 @@ class OnPolicyLoop:
         if self.weight_sync == "broadcast":  # both calls run at once: they meet in the broadcast
             version = self.learner.broadcast_weights.remote()
             ray.get(self.engine.receive_weights.remote([version]))
+            return
+        if self.weight_sync == "ipc":
+            payload, version = ray.get(self.learner.publish_shared.remote())
+            ray.get(self.engine.load_shared.remote(payload, version))
             return
         box, version = ray.get(self.learner.publish.remote())
         ray.get(self.engine.update_weights.remote(box, version))

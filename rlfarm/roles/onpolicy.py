@@ -2,10 +2,11 @@
 completions into rewards, and a PolicyLearner updates and publishes weights. Each wraps the pure stages of
 `rlfarm.algos.grpo_trainer`, so the single-process reference trainer and the Ray loop run the same code.
 
-Weights reach the engine one of two ways (`rlfarm.sync`): through the object store (`publish` →
-`update_weights`: CPU copies, what CPU roles use), or by broadcast over a process group of the learner and
+Weights reach the engine one of three ways (`rlfarm.sync`): through the object store (`publish` →
+`update_weights`: CPU copies, what CPU roles use); by broadcast over a process group of the learner and
 the engine (`open_weight_sync` / `join_weight_sync`, then `broadcast_weights` → `receive_weights`: NCCL
-between GPUs, the tensors never touch the host).
+between GPUs, the tensors never touch the host); or, colocated on one GPU, through CUDA IPC (`publish_shared`
+→ `load_shared`: the engine copies from the learner's GPU buffers).
 
 The learner may be N data-parallel PolicyLearner actors (`rlfarm.roles.learner_group`): each trains on its shard
 of the batch under DDP (`rlfarm.distributed`), and rank 0 alone publishes weights and reports.
@@ -33,8 +34,8 @@ from rlfarm.envs.text_tasks import DigitTokenizer, TextTaskSpec, text_task, text
 from rlfarm.models.lm import causal_lm, compute_dtype, trainable_state_dict
 from rlfarm.rewards.verifiers import get_verifier
 from rlfarm.roles.common import assigned_device, limit_threads
-from rlfarm.sync import (BroadcastReceiver, BroadcastSender, HostSender, join_group, load_into, plan_layout,
-                         serve_rendezvous)
+from rlfarm.sync import (BroadcastReceiver, BroadcastSender, HostSender, IpcPayload, IpcReceiver, IpcSender,
+                         join_group, load_into, plan_layout, serve_rendezvous)
 
 SYNC_BUCKET_BYTES = 64 * 2**20  # broadcast buckets: large enough for full-speed NCCL, small enough to pipeline
 
@@ -67,6 +68,7 @@ class EngineRole:
         policy = _policy(cfg).to(compute_dtype(dtype, device))
         self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed)
         self.max_new_tokens = cfg.max_new_tokens or self.task.max_new_tokens
+        self._shared: IpcReceiver | None = None  # CUDA IPC weight sync, mapped on first use
 
     def generate(self) -> tuple[Rollout, list[str]]:
         prompts = self.task.sample(self.cfg.prompts_per_step)
@@ -92,6 +94,13 @@ class EngineRole:
         load_into(self.engine, self._receiver, None, self.engine.weight_version)
         self.engine.weight_version = int(ray.get(box[0]))
         return self.engine.weight_version
+
+    def load_shared(self, payload: IpcPayload, version: int) -> int:
+        """Colocated on one GPU: copy the weights out of the learner's buffers (`PolicyLearner.publish_shared`)."""
+        if self._shared is None:
+            self._shared = IpcReceiver(self.engine.device)
+        load_into(self.engine, self._shared, payload, version)
+        return version
 
     def sleep(self) -> None:
         """Colocated: give the GPU memory (weights, KV cache) back while the learner updates."""
@@ -133,6 +142,7 @@ class PolicyLearner:
                                            weight_decay=0.0)
         self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if cfg.kl_coef else None
         self.version = 0
+        self._shared: IpcSender | None = None
 
     def _published(self) -> dict[str, torch.Tensor]:
         """The trainable tensors in the engine's dtype (half the bytes to move under bf16)."""
@@ -141,6 +151,14 @@ class PolicyLearner:
     def publish(self) -> tuple[list, int]:
         self.version += 1
         return [ray.put(HostSender().send(self._published()))], self.version
+
+    def publish_shared(self) -> tuple[IpcPayload, int]:
+        """Colocated on one GPU: pack the weights into buffers the engine maps through CUDA IPC (allocated once)."""
+        published = self._published()
+        if self._shared is None:
+            self._shared = IpcSender(published, self.cfg.device)
+        self.version += 1
+        return self._shared.send(published), self.version
 
     def open_data_parallel(self) -> str:
         """Rank 0: serve the data-parallel group's rendezvous on a free port; returns the address the others join."""

@@ -107,6 +107,13 @@ CASES = [
                  id="ppo-more-minibatches-than-samples"),
     pytest.param(["train", "algo=ppo", "algo.target_return=high"], "algo.target_return must be a number or null",
                  id="ppo-target-a-word"),
+    # GRPO on text (the onpolicy family)
+    pytest.param(["train", "experiment=grpo_digits", "reward.verifier=exactmatch"], "unknown reward.verifier 'exactmatch'",
+                 id="grpo-unknown-verifier"),
+    pytest.param(["train", "experiment=grpo_digits", "algo.weight_sync=nccl"],
+                 "algo.weight_sync must be one of auto|object_store|broadcast|ipc", id="grpo-unknown-weight-sync"),
+    pytest.param(["train", "experiment=grpo_digits", "algo.weight_sync=ipc"],
+                 "algo.weight_sync=ipc needs the learner and the engine on one GPU", id="grpo-ipc-apart"),
 ]
 
 
