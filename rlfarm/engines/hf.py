@@ -9,6 +9,8 @@ sequence is tracked on the device and the host looks at it only every `stop_chec
 """
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 from torch import nn
 
@@ -50,6 +52,7 @@ class HFEngine(Engine):
         self.pad_id, self.stop_check_every = pad_id, stop_check_every
         self.weight_version = 0
         self._named: dict[str, torch.Tensor] | None = None
+        self._discarded: dict[str, tuple[torch.Size, torch.dtype]] = {}  # dropped while asleep
         self._cache_kwarg = cache_kwarg(model)
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         use_static = decoder == "static" or (decoder == "auto" and static_decoder.supports(self.model))
@@ -134,14 +137,32 @@ class HFEngine(Engine):
             self._named = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
         return self._named
 
-    def sleep(self) -> None:
+    def sleep(self, discard: Collection[str] = ()) -> None:
+        """Give the device memory back: the decoder's cache and graphs, and the weights. Tensors named in
+        `discard` are dropped, not kept on the host — for those the next weight sync rewrites anyway (what a
+        full sync after the learner's update does): waking then allocates them instead of copying ~1 GB back
+        from host memory (~150 ms for the 0.5B shape on an H200)."""
+        named = self._tensors()
+        unknown = sorted(set(discard) - set(named))
+        if unknown:
+            raise KeyError(f"engine model has no tensor {unknown[0]!r} to discard")
         if self._static is not None:
             self._static.release()  # the graphs point at the memory given back below
+        self._discarded = {}
+        for name in discard:
+            tensor = named[name]
+            self._discarded[name] = (tensor.shape, tensor.dtype)
+            tensor.data = torch.empty(0, dtype=tensor.dtype)
         self.model.to("cpu")
         self._named = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     def wake(self) -> None:
+        """Back on the device; discarded tensors come back allocated but unset until the next weight sync."""
         self.model.to(self.device)
         self._named = None
+        named = self._tensors()
+        for name, (shape, dtype) in self._discarded.items():
+            named[name].data = torch.empty(shape, dtype=dtype, device=self.device)
+        self._discarded = {}

@@ -37,7 +37,7 @@ from rlfarm.roles.common import assigned_device, limit_threads
 from rlfarm.sync import (BroadcastReceiver, BroadcastSender, HostSender, IpcPayload, IpcReceiver, IpcSender,
                          join_group, load_into, plan_layout, serve_rendezvous)
 
-SYNC_BUCKET_BYTES = 64 * 2**20  # broadcast buckets: large enough for full-speed NCCL, small enough to pipeline
+SYNC_BUCKET_BYTES = 256 * 2**20  # broadcast buckets: 4 for the 0.5B shape in bf16 (64 MB: 2.2x a raw copy, 256 MB: 1.6x on H200)
 
 
 def _policy(cfg: GRPOConfig) -> torch.nn.Module:
@@ -103,8 +103,9 @@ class EngineRole:
         return version
 
     def sleep(self) -> None:
-        """Colocated: give the GPU memory (weights, KV cache) back while the learner updates."""
-        self.engine.sleep()
+        """Colocated: give the GPU memory (weights, KV cache) back while the learner updates. The loop syncs
+        right after `wake`, and that sync rewrites every trainable tensor: those are dropped, not offloaded."""
+        self.engine.sleep(discard=trainable_state_dict(self.engine.model).keys())
 
     def wake(self) -> None:
         self.engine.wake()

@@ -123,6 +123,23 @@ def test_sleep_and_wake_keep_the_weights():
     torch.testing.assert_close(engine.generate(PROMPTS, n=1, max_new_tokens=4, temperature=0.0).response_ids, before)
 
 
+def test_a_sleep_that_drops_the_synced_weights_wakes_to_whatever_the_next_sync_brings():
+    learner, engine = tiny_model(), HFEngine(tiny_model(), pad_id=PAD)
+    with torch.no_grad():
+        for param in learner.parameters():
+            param.add_(0.1)
+    synced = {name: t.detach().clone() for name, t in learner.named_parameters()}
+    expected = HFEngine(learner, pad_id=PAD).generate(PROMPTS, n=1, max_new_tokens=4, temperature=0.0).response_ids
+    engine.sleep(discard=synced.keys())
+    assert all(engine.model.get_parameter(name).numel() == 0 for name in synced)  # dropped, not kept on the host
+    engine.wake()
+    assert all(engine.model.get_parameter(name).shape == t.shape for name, t in synced.items())
+    engine.update_weights(synced, version=1)
+    torch.testing.assert_close(engine.generate(PROMPTS, n=1, max_new_tokens=4, temperature=0.0).response_ids, expected)
+    with pytest.raises(KeyError, match="no tensor 'nope'"):
+        engine.sleep(discard=["nope"])
+
+
 def test_sampling_follows_the_tempered_distribution():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.2])).repeat(40000, 1)
     generator = torch.Generator().manual_seed(0)
