@@ -1,10 +1,6 @@
 """The real off-policy pipeline on Ray (CPU): runners → labelers → learner, with accounting and credits."""
 import time
 
-import numpy as np
-import pytest
-import ray as ray_module
-
 from rlfarm.config import compose
 from rlfarm.roles.env_runner import EnvRunner
 from rlfarm.roles.labeler import Labeler
