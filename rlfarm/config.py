@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
+import json
 import os
 import re
 import sys
@@ -218,7 +219,23 @@ def check_text_policy(cfg: DictConfig) -> None:
         if source is None:
             raise ConfigError("prompt files need a tokenizer, but model.config builds a model without one",
                               "use model=hf_lm model.source=<path>")
+        if cfg.env.get("chat_template") and _looks_local(str(source)) and not has_chat_template(str(source)):
+            raise ConfigError(f"env.chat_template=true, but the tokenizer in '{source}' has no chat template",
+                              "set env.chat_template=false (questions as plain text), or save a tokenizer with one")
         check_prompt_file(cfg.env)
+
+
+def has_chat_template(folder: str) -> bool:
+    """Whether a saved tokenizer has a chat template, read from its files (no transformers import): a
+    `chat_template.jinja`/`.json` beside it (transformers ≥ 4.43 writes these) or the key in tokenizer_config.json."""
+    folder = os.path.expanduser(folder)
+    if any(os.path.exists(os.path.join(folder, name)) for name in ("chat_template.jinja", "chat_template.json")):
+        return True
+    try:
+        with open(os.path.join(folder, "tokenizer_config.json")) as file:
+            return bool(json.load(file).get("chat_template"))
+    except (OSError, ValueError):
+        return True  # no readable config: leave it to the tokenizer's own loading, which says what is wrong
 
 
 def check_prompt_file(env: DictConfig) -> None:

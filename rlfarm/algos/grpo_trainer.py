@@ -25,7 +25,7 @@ from torch import nn
 
 from rlfarm.algos.grpo import grpo_advantages, grpo_loss, keep_groups
 from rlfarm.algos.ppo import approx_kl, clip_fraction
-from rlfarm.engines.base import Engine, Rollout
+from rlfarm.engines.base import Engine, Rollout, StopIds
 from rlfarm.engines.hf import HFEngine
 from rlfarm.envs.text_tasks import DigitTask
 from rlfarm.models.lm import causal_lm, sequence_logprobs, trainable_state_dict
@@ -71,7 +71,7 @@ class GRPOConfig:
     log_every: int = 10
 
 
-def score_rollout(rollout: Rollout, answers: list[str], tokenizer, verifier: Callable, eos_id: int) -> np.ndarray:
+def score_rollout(rollout: Rollout, answers: list[str], tokenizer, verifier: Callable, eos_id: StopIds) -> np.ndarray:
     """Rewards [N] for the N samples; answers [num_prompts] holds one reference per prompt."""
     completions = [tokenizer.decode(ids) for ids in rollout.completion_ids(eos_id)]
     return verifier(completions, [answer for answer in answers for _ in range(rollout.group_size)])
@@ -198,8 +198,8 @@ def grpo_step(parts: GRPOParts, cfg: GRPOConfig, version: int) -> dict[str, floa
     tokenizer = parts.task.tokenizer
     prompts = parts.task.sample(cfg.prompts_per_step)
     rollout = parts.engine.generate(prompts.prompt_ids, cfg.group_size, parts.max_new_tokens, cfg.temperature,
-                                    cfg.top_p, eos_id=tokenizer.eos_id)
-    rewards = score_rollout(rollout, prompts.answers, tokenizer, parts.verifier, tokenizer.eos_id)
+                                    cfg.top_p, eos_id=tokenizer.stop_ids)
+    rewards = score_rollout(rollout, prompts.answers, tokenizer, parts.verifier, tokenizer.stop_ids)
     advantages, keep = group_advantages(rewards, cfg.group_size, cfg.norm_std, cfg.filter_groups)
     metrics = rollout_metrics(rollout, rewards, keep)
     if keep.any():

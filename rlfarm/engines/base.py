@@ -10,9 +10,28 @@ distribution). The learner recomputes its log-probabilities at the same temperat
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
+
+# What ends a sample: one token id, several (instruct models stop at `<|im_end|>` or `<|endoftext|>`), or none.
+StopIds = int | Sequence[int] | None
+
+
+def stop_ids(eos: StopIds) -> tuple[int, ...]:
+    """The stop ids as a sorted tuple (hashable: decoders key their captured graphs by it); () = never stop."""
+    if eos is None:
+        return ()
+    return (int(eos),) if isinstance(eos, int) else tuple(sorted({int(i) for i in eos}))
+
+
+def hits_stop(token: torch.Tensor, ids: tuple[int, ...]) -> torch.Tensor:
+    """token == any stop id, as comparisons with constants: no tensor is made, so a CUDA graph can capture it."""
+    hit = token == ids[0]
+    for other in ids[1:]:
+        hit = hit | (token == other)
+    return hit
 
 
 @dataclass(frozen=True)
@@ -46,12 +65,13 @@ class Rollout:
     def attention_mask(self) -> torch.Tensor:
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
 
-    def completion_ids(self, eos_id: int | None = None) -> list[list[int]]:
-        """Each sample's generated tokens, without padding and without the final EOS."""
+    def completion_ids(self, eos_id: StopIds = None) -> list[list[int]]:
+        """Each sample's generated tokens, without padding and without the final stop token."""
+        stops = set(stop_ids(eos_id))
         completions = []
         for ids, length in zip(self.response_ids.tolist(), self.response_mask.sum(dim=1).tolist()):
             ids = ids[:int(length)]
-            completions.append(ids[:-1] if ids and ids[-1] == eos_id else ids)
+            completions.append(ids[:-1] if ids and ids[-1] in stops else ids)
         return completions
 
     def select_groups(self, keep: torch.Tensor) -> Rollout:
@@ -69,8 +89,8 @@ class Engine(ABC):
 
     @abstractmethod
     def generate(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, eos_id: int | None = None) -> Rollout:
-        """Sample n completions per prompt (temperature 0: greedy); stop a sample at eos_id."""
+                 top_p: float = 1.0, eos_id: StopIds = None) -> Rollout:
+        """Sample n completions per prompt (temperature 0: greedy); a sample stops at any id of eos_id."""
 
     @abstractmethod
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from rlfarm.engines import static_decoder
-from rlfarm.engines.base import Engine, Rollout
+from rlfarm.engines.base import Engine, Rollout, StopIds, hits_stop, stop_ids
 from rlfarm.engines.sampling import nucleus_filter, sample_tokens  # noqa: F401 (part of this module's API)
 from rlfarm.models.lm import cache_kwarg, position_ids_from_mask
 
@@ -63,18 +63,18 @@ class HFEngine(Engine):
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, eos_id: int | None = None) -> Rollout:
+                 top_p: float = 1.0, eos_id: StopIds = None) -> Rollout:
         if max_new_tokens < 1 or n < 1:
             raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got n={n}, max_new_tokens={max_new_tokens}")
         prompt, prompt_mask = left_pad([list(p) for p in prompt_ids], self.pad_id, self.device)
         if self._static is not None:
-            sampling = static_decoder.Sampling(float(temperature), float(top_p), eos_id)
+            sampling = static_decoder.Sampling(float(temperature), float(top_p), stop_ids(eos_id))
             tokens, logprobs, generated = self._static.generate(prompt, prompt_mask, n, max_new_tokens, sampling,
                                                                 self.stop_check_every)
         else:
             tokens, logprobs, generated = self._generate_with_hf_cache(
                 prompt.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0), max_new_tokens,
-                temperature, top_p, eos_id)
+                temperature, top_p, stop_ids(eos_id))
         return Rollout(prompt_ids=prompt.repeat_interleave(n, dim=0).cpu(),
                        prompt_mask=prompt_mask.repeat_interleave(n, dim=0).cpu(),
                        response_ids=tokens.cpu(), response_mask=generated.long().cpu(), logprobs=logprobs.cpu(),
@@ -82,7 +82,7 @@ class HFEngine(Engine):
                        weight_version=self.weight_version)
 
     def _generate_with_hf_cache(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
-                                temperature: float, top_p: float, eos_id: int | None
+                                temperature: float, top_p: float, stops: tuple[int, ...]
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Any causal LM: its own forward with a DynamicCache, one step at a time."""
         from transformers import DynamicCache
@@ -104,8 +104,8 @@ class HFEngine(Engine):
             generated[:, t] = ~finished
             tokens[:, t] = token.masked_fill(finished, self.pad_id)
             logprobs[:, t] = logprob.masked_fill(finished, 0.0)
-            if eos_id is not None:
-                finished = finished | (token == eos_id)
+            if stops:
+                finished = finished | hits_stop(token, stops)
             if t + 1 == max_new_tokens or ((t + 1) % self.stop_check_every == 0 and bool(finished.all())):
                 steps = t + 1
                 break

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlfarm.engines.base import hits_stop
 from rlfarm.engines.sampling import sample_tokens
 from rlfarm.models.lm import position_ids_from_mask
 
@@ -68,7 +69,7 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 class Sampling:
     temperature: float
     top_p: float
-    eos_id: int | None
+    stop_ids: tuple[int, ...]  # () = never stop (`rlfarm.engines.base.stop_ids`)
 
 
 @dataclass
@@ -140,7 +141,7 @@ class StaticDecoder:
         steps = max_new_tokens
         for t in range(max_new_tokens - 1):
             step()
-            if sampling.eos_id is not None and (t + 1) % stop_check_every == 0 and bool(state.finished.all()):
+            if sampling.stop_ids and (t + 1) % stop_check_every == 0 and bool(state.finished.all()):
                 steps = t + 1
                 break
         else:
@@ -166,8 +167,8 @@ class StaticDecoder:
         state.logprobs.index_copy_(1, state.step, logprob.masked_fill(ended, 0.0).unsqueeze(1))
         state.generated.index_copy_(1, state.step, (~ended).unsqueeze(1))
         state.next_input.copy_(token)
-        if sampling.eos_id is not None:
-            state.finished.logical_or_(token == sampling.eos_id)
+        if sampling.stop_ids:
+            state.finished.logical_or_(hits_stop(token, sampling.stop_ids))
         state.step.add_(1)
 
     def _forward_next(self, state: DecodeState) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from rlfarm.engines.base import Engine, Rollout
+from rlfarm.engines.base import Engine, Rollout, StopIds, stop_ids
 from rlfarm.engines.hf import left_pad
 
 MISSING_VLLM = "engine=vllm needs the vllm extra: pip install 'rlfarm[vllm]' on a CUDA machine; use engine=hf"
@@ -39,10 +39,11 @@ class VLLMEngine(Engine):
         self.weight_version = 0
 
     def generate(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, eos_id: int | None = None) -> Rollout:
+                 top_p: float = 1.0, eos_id: StopIds = None) -> Rollout:
+        stops = list(stop_ids(eos_id))
         params = self._vllm.SamplingParams(
             n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, logprobs=0,
-            stop_token_ids=[eos_id] if eos_id is not None else None, ignore_eos=eos_id is None)
+            stop_token_ids=stops or None, ignore_eos=not stops)
         requests = [{"prompt_token_ids": list(p)} for p in prompt_ids]
         outputs = self._llm.generate(requests, params, use_tqdm=False)
         responses, logprobs = [], []

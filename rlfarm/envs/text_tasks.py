@@ -26,6 +26,7 @@ class DigitTokenizer:
     """
 
     pad_id, bos_id, eos_id = 0, 1, 2
+    stop_ids = (eos_id,)
     _chars = "_^$0123456789+="
 
     def __init__(self):

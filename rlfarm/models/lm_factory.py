@@ -53,6 +53,8 @@ def save_random_lm(path: str | Path, seed: int = 0, model_type: str = "qwen2", *
               "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None}
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **fields))
+    # as Qwen2.5-Instruct's generation config: a chat turn ends at <|im_end|>, raw text at <|endoftext|>
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")]
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -73,7 +73,7 @@ class EngineRole:
     def generate(self) -> tuple[Rollout, list[str]]:
         prompts = self.task.sample(self.cfg.prompts_per_step)
         rollout = self.engine.generate(prompts.prompt_ids, self.cfg.group_size, self.max_new_tokens,
-                                       self.cfg.temperature, self.cfg.top_p, eos_id=self.task.tokenizer.eos_id)
+                                       self.cfg.temperature, self.cfg.top_p, eos_id=self.task.tokenizer.stop_ids)
         return rollout, prompts.answers
 
     def update_weights(self, box: list, version: int) -> int:
@@ -121,7 +121,7 @@ class ScorerRole:
 
     def score(self, generated: tuple[Rollout, list[str]]) -> np.ndarray:
         rollout, answers = generated
-        return score_rollout(rollout, answers, self.tokenizer, self.verifier, self.tokenizer.eos_id)
+        return score_rollout(rollout, answers, self.tokenizer, self.verifier, self.tokenizer.stop_ids)
 
 
 class PolicyLearner:

@@ -106,6 +106,21 @@ def test_generation_stops_when_every_sample_ended():
     assert rollout.response_ids.shape == (3, 1) and rollout.completion_ids(greedy) == [[], [], []]
 
 
+@pytest.mark.parametrize("decoder", ["hf", "static"])
+def test_any_of_several_stop_ids_ends_a_sample(decoder):
+    model = tiny_model()
+    greedy = greedy_without_cache(model, PROMPTS[0], 10)
+    assert greedy[0] != greedy[1]  # the fixture's model: so the second token is where it stops
+    engine = HFEngine(model, pad_id=PAD, stop_check_every=1, decoder=decoder)
+    never = next(i for i in range(3, 30) if i not in greedy)
+    # the second greedy token is one of two stop ids: 2 steps, and completions leave it out
+    rollout = engine.generate([PROMPTS[0]], n=2, max_new_tokens=10, temperature=0.0, eos_id=[never, greedy[1]])
+    assert rollout.response_ids.shape == (2, 2) and rollout.response_mask.sum().item() == 4
+    assert rollout.completion_ids([greedy[1], never]) == [[greedy[0]], [greedy[0]]]
+    assert engine.generate([PROMPTS[0]], n=1, max_new_tokens=10, temperature=0.0,
+                           eos_id=[never]).response_ids.shape == (1, 10)
+
+
 def test_select_groups_keeps_whole_groups():
     engine = HFEngine(tiny_model(), pad_id=PAD)
     rollout = engine.generate(PROMPTS, n=2, max_new_tokens=3, temperature=1.0)

@@ -101,6 +101,7 @@ def test_hf_tokenizer_round_trip_and_sizes_from_the_model(hf_tokenizer):
     assert hf_tokenizer.decode(ids) == text and len(ids) < len(text)  # BPE: fewer tokens than characters
     assert hf_tokenizer.bos_id is None and ids == hf_tokenizer.encode(text, add_bos=False)  # Qwen-style: no BOS
     assert (hf_tokenizer.eos_id, hf_tokenizer.pad_id) == (2, 0)  # <|im_end|>, <|endoftext|>
+    assert hf_tokenizer.stop_ids == (0, 2)  # both end a sample, from the model's generation config
     # the model's embedding rows (padded to a multiple of 64), not len(tokenizer): this sizes tensors
     assert hf_tokenizer.vocab_size == 320 and len(hf_tokenizer.tokenizer) == 300
     # a completion ends in EOS and padding: decoding skips them by default, so a verifier sees only the text
@@ -114,6 +115,7 @@ def test_hf_tokenizer_pad_falls_back_to_eos_and_bos_is_prepended():
 
     no_pad = HFTokenizer(build_tokenizer(pad=False))
     assert no_pad.pad_id == no_pad.eos_id == 2 and no_pad.vocab_size == len(no_pad.tokenizer)
+    assert no_pad.stop_ids == (2,)  # no generation config: the tokenizer's EOS alone
     with_bos = build_tokenizer()
     with_bos.bos_token = "<|im_start|>"
     tokenizer = HFTokenizer(with_bos)

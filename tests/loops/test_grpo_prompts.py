@@ -90,9 +90,14 @@ def test_grpo_on_a_prompt_file_with_a_loaded_model_runs_through_the_roles(tmp_pa
     pytest.param(["model.source={tmp}/no-model", "env.path={data}"], "model.source: no such folder '{tmp}/no-model'",
                  id="model-folder-missing"),
     pytest.param(["env.path={data}"], "model.source is required but not set", id="model-source-unset"),
+    pytest.param(["model.source={tmp}/no-template", "env.path={data}", "env.chat_template=true"],
+                 "env.chat_template=true, but the tokenizer in '{tmp}/no-template' has no chat template — set "
+                 "env.chat_template=false", id="chat-template-missing"),
 ])
 def test_bad_prompt_input_is_one_line_and_leaves_no_run_dir(tmp_path, lm_folder, prompt_file, args, needle):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"question": "q", "solution": "#### 1"}) + "\n")
+    (tmp_path / "no-template").mkdir()  # a saved tokenizer whose config has no chat template
+    (tmp_path / "no-template" / "tokenizer_config.json").write_text(json.dumps({"chat_template": None}))
     for key, value in {"{tmp}": str(tmp_path), "{data}": prompt_file, "{model}": lm_folder}.items():
         args, needle = [a.replace(key, value) for a in args], needle.replace(key, value)
     out = rlfarm_train("algo=grpo", "topology=local_llm", "reward=verifier", "env=prompts", "model=hf_lm", *args,
