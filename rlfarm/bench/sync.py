@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlfarm.bench.common import sizes
 from rlfarm.engines.hf import HFEngine
 from rlfarm.models.lm import build_causal_lm, trainable_state_dict
-from rlfarm.sync import (BroadcastReceiver, BroadcastSender, HostSender, InPlaceSender, PassThroughReceiver,
+from rlfarm.sync import (BroadcastReceiver, BroadcastSender, HostSender, InPlaceSender, Layout, PassThroughReceiver,
                          join_group, load_into, plan_layout, serve_rendezvous)
 
 UNIT = "GB/s (higher is better)"
@@ -67,11 +67,13 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
     if engine_device != learner_device:
         rows.append(row(raw_local, raw_copy_s(nbytes, learner_device, learner_device, repeats), None))
 
-    bucket_bytes = int(float(size.bucket_mb) * 2**20)
-    broadcast, host = broadcast_and_host_s(state, model_cfg, dtype, engine_device, bucket_bytes, repeats,
+    edge_mb = size.get("edge_mb")
+    layout = plan_layout(state, int(float(size.bucket_mb) * 2**20),
+                         None if edge_mb is None else int(float(edge_mb) * 2**20))
+    broadcast, host = broadcast_and_host_s(state, model_cfg, dtype, engine_device, layout, repeats,
                                            learner_device, float(size.timeout_s), float(size.stack_dump_s))
     rows.append(row(f"broadcast ({'nccl' if device == 'cuda' else 'gloo'})", broadcast["sync_s"], raw_split,
-                    buckets=broadcast["buckets"], bucket_mb=float(size.bucket_mb)))
+                    buckets=len(layout.buckets), bucket_mb=float(size.bucket_mb), edge_mb=edge_mb))
     rows.append(row("object store (host copies)", host["to_host_s"] + broadcast["from_host_s"], raw_split,
                     to_host_ms=round(host["to_host_s"] * 1e3, 3),
                     from_host_ms=round(broadcast["from_host_s"] * 1e3, 3)))
@@ -124,7 +126,7 @@ def raw_copy_s(nbytes: int, src: str, dst: str, repeats: int) -> float:
     return timed(copy, dst, repeats)
 
 
-def broadcast_and_host_s(state: dict, model_cfg: dict, dtype: str, engine_device: str, bucket_bytes: int,
+def broadcast_and_host_s(state: dict, model_cfg: dict, dtype: str, engine_device: str, layout: Layout,
                          repeats: int, learner_device: str, timeout_s: float, stack_dump_s: float = 60
                          ) -> tuple[dict, dict]:
     """Runs the engine process; returns its timings (sync_s, from_host_s, buckets) and ours (to_host_s).
@@ -145,7 +147,7 @@ def broadcast_and_host_s(state: dict, model_cfg: dict, dtype: str, engine_device
             group = join_group(store, rank=0, world_size=2, device=learner_device, timeout_s=timeout_s)
             log.info("sync bench: group joined")
             faulthandler.dump_traceback_later(stack_dump_s)
-            sender = BroadcastSender(group, plan_layout(state, bucket_bytes))
+            sender = BroadcastSender(group, layout)
             for _ in range(repeats + 1):  # the engine times each from the barrier; the first is a warm-up
                 barrier(group)
                 sender.send(state)
@@ -164,7 +166,6 @@ def broadcast_and_host_s(state: dict, model_cfg: dict, dtype: str, engine_device
         finally:
             if peer.poll() is None:
                 peer.kill()
-    timings["buckets"] = len(sender.layout.buckets)
     return timings, {"to_host_s": to_host_s}
 
 

@@ -70,22 +70,58 @@ class Layout:
                                      f"layout's {slot.shape} {bucket.torch_dtype}")
 
 
-def plan_layout(state: Mapping[str, torch.Tensor], bucket_bytes: int) -> Layout:
-    """Buckets of at most `bucket_bytes` (one dtype each) holding every tensor of `state`."""
+def plan_layout(state: Mapping[str, torch.Tensor], bucket_bytes: int, edge_bytes: int | None = None) -> Layout:
+    """Buckets of at most `bucket_bytes` (one dtype each) holding every tensor of `state`.
+
+    edge_bytes: cap the first and the last bucket of each dtype at this size, filled with small tensors taken
+    out of order. A pipelined transfer cannot hide packing the first bucket (nothing is on the wire yet) nor
+    unpacking the last (nothing is left to send): small edge buckets shorten both ends, while the large
+    middle buckets keep the per-bucket launch costs few. None: buckets in the state's order."""
     by_dtype: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
     for name, tensor in state.items():
         by_dtype.setdefault(tensor.dtype, []).append((name, tensor))
     buckets: list[Bucket] = []
     for dtype, tensors in by_dtype.items():
+        dtype_name = str(dtype).removeprefix("torch.")
         element = torch.empty((), dtype=dtype).element_size()
-        slots: list[Slot] = []
-        offset = 0
-        for name, tensor in tensors:
-            if slots and (offset + tensor.numel()) * element > bucket_bytes:
-                buckets.append(Bucket(str(dtype).removeprefix("torch."), tuple(slots)))
-                slots, offset = [], 0
-            slots.append(Slot(name, tuple(tensor.shape), offset, tensor.numel()))
-            offset += tensor.numel()
-        if slots:
-            buckets.append(Bucket(str(dtype).removeprefix("torch."), tuple(slots)))
+        if edge_bytes is None:
+            groups = _fill(tensors, bucket_bytes, element)
+        else:
+            head, rest = _pick(tensors, edge_bytes, element)
+            tail, middle = _pick(rest[::-1], edge_bytes, element)
+            groups = [group for group in (head, *_fill(middle[::-1], bucket_bytes, element), tail[::-1]) if group]
+        buckets.extend(Bucket(dtype_name, _slots(group)) for group in groups)
     return Layout(tuple(buckets))
+
+
+def _fill(tensors: list, bucket_bytes: int, element: int) -> list[list]:
+    """Consecutive runs of tensors of at most `bucket_bytes` each (a larger tensor alone)."""
+    groups: list[list] = [[]]
+    size = 0
+    for name, tensor in tensors:
+        if groups[-1] and (size + tensor.numel()) * element > bucket_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append((name, tensor))
+        size += tensor.numel()
+    return [g for g in groups if g]
+
+
+def _pick(tensors: list, limit_bytes: int, element: int) -> tuple[list, list]:
+    """(the tensors, in order, that fit together within `limit_bytes`, skipping larger ones; the others)."""
+    picked, others, size = [], [], 0
+    for name, tensor in tensors:
+        if (size + tensor.numel()) * element <= limit_bytes:
+            picked.append((name, tensor))
+            size += tensor.numel()
+        else:
+            others.append((name, tensor))
+    return picked, others
+
+
+def _slots(group: list) -> tuple[Slot, ...]:
+    slots, offset = [], 0
+    for name, tensor in group:
+        slots.append(Slot(name, tuple(tensor.shape), offset, tensor.numel()))
+        offset += tensor.numel()
+    return tuple(slots)

@@ -69,7 +69,7 @@ def from_bytes(data: bytes) -> dict:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def run_sync(lora: bool, device: str = "cpu", syncs: int = 2, bucket_bytes: int = 2048):
+def run_sync(lora: bool, device: str = "cpu", syncs: int = 2, bucket_bytes: int = 2048, edge_bytes: int | None = None):
     torch.set_num_threads(1)
     context = mp.get_context("spawn")
     results = context.Queue()
@@ -79,7 +79,7 @@ def run_sync(lora: bool, device: str = "cpu", syncs: int = 2, bucket_bytes: int 
     try:
         group = join_group(store, rank=0, world_size=2, device=device)
         learner = policy(seed=0, lora=lora).to(device)
-        sender = BroadcastSender(group, plan_layout(trainable_state_dict(learner), bucket_bytes))
+        sender = BroadcastSender(group, plan_layout(trainable_state_dict(learner), bucket_bytes, edge_bytes))
         received = []
         for version in range(1, syncs + 1):
             perturb(learner, seed=version)
@@ -131,6 +131,18 @@ def test_lora_moves_only_the_adapters_and_they_are_what_makes_the_engine_match()
     # the engine's own adapters made it differ before the sync; the received ones make it equal after
     assert not torch.allclose(engine["before"], learner["logits"], atol=1e-3)
     torch.testing.assert_close(engine["after"], learner["logits"], rtol=0, atol=1e-6)
+
+
+def test_small_edge_buckets_take_small_tensors_out_of_order_and_the_weights_still_arrive_exactly():
+    sender, received = run_sync(lora=False, syncs=1, bucket_bytes=8192, edge_bytes=1024)
+    layout, state = sender.layout, received[0][0]["trainable"]
+    assert sorted(layout.names) == sorted(state) and len(layout.names) == len(set(layout.names))
+    assert layout.buckets[0].nbytes <= 1024 and layout.buckets[-1].nbytes <= 1024
+    assert max(bucket.nbytes for bucket in layout.buckets) > 1024  # the middle ones stay large
+    assert layout.names[0] != next(iter(state))  # the embedding (first, and too large) went to the middle
+    _, _, engine = received[0]
+    for name, tensor in received[0][0]["state"].items():
+        assert torch.equal(engine["state"][name], tensor), name
 
 
 def test_a_state_that_does_not_match_the_layout_is_refused():
