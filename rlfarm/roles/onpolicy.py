@@ -37,8 +37,7 @@ from rlfarm.roles.common import assigned_device, limit_threads
 from rlfarm.sync import (BroadcastReceiver, BroadcastSender, HostSender, IpcPayload, IpcReceiver, IpcSender,
                          join_group, load_into, plan_layout, serve_rendezvous)
 
-SYNC_BUCKET_BYTES = 256 * 2**20  # broadcast buckets: 4 for the 0.5B shape in bf16 (64 MB: 2.2x a raw copy, 256 MB: 1.6x on H200)
-SYNC_EDGE_BYTES = 32 * 2**20    # small first/last buckets: the ends of the pipeline (`plan_layout`)
+SYNC_BUCKET_BYTES = 256 * 2**20  # broadcast buckets: 4 for the 0.5B shape in bf16 (H200: 64 MB 2.1x a raw copy, 256 MB 1.2-1.6x)
 
 
 def _policy(cfg: GRPOConfig) -> torch.nn.Module:
@@ -186,7 +185,7 @@ class PolicyLearner:
 
     def join_weight_sync(self, world_size: int) -> None:
         group = join_group(self._rendezvous, 0, world_size, self.cfg.device)
-        self._sender = BroadcastSender(group, plan_layout(self._published(), SYNC_BUCKET_BYTES, SYNC_EDGE_BYTES))
+        self._sender = BroadcastSender(group, plan_layout(self._published(), SYNC_BUCKET_BYTES))
 
     def broadcast_weights(self) -> int:
         """Send the trainable tensors to every engine of the sync group; returns their version."""
