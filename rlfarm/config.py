@@ -141,6 +141,8 @@ def validate(cfg: DictConfig) -> None:
         check_ppo(cfg)
     if cfg.algo.family == "onpolicy":
         check_text_policy(cfg)
+    if cfg.algo.family == "vla":
+        check_vla_policy(cfg)
 
 
 ENV_REWARD = "rlfarm.rewards.env.EnvReward"
@@ -181,6 +183,17 @@ def check_ppo(cfg: DictConfig) -> None:
         raise ConfigError(f"algo={cfg.algo.name} needs one actor-critic network in model.actor, "
                           f"not {'a language model' if 'actor' not in cfg.model else 'an actor with separate critics'}",
                           "use model=actor_critic")
+
+
+def check_vla_policy(cfg: DictConfig) -> None:
+    """A VLA is the tiny built-in one (model.config) or an HF checkpoint folder (model=hf_vla model.source)."""
+    if OmegaConf.select(cfg, "model.config", default=None) is None:
+        raise ConfigError(f"algo={cfg.algo.name} needs a VLA policy, but this model has no model.config",
+                          "use model=tiny_vla, or model=hf_vla model.source=<folder>")
+    source = cfg.model.get("source")
+    if source is not None and not os.path.isdir(os.path.expanduser(str(source))):
+        raise ConfigError(f"model.source: no such folder '{source}' (VLA checkpoints load from a local folder)",
+                          "set model.source=<a folder written by save_pretrained: model, tokenizer>")
 
 
 # learner → engine: auto picks ipc (one GPU), broadcast (separate GPUs) or object_store (CPU); `rlfarm.sync`

@@ -37,8 +37,14 @@ def vla_config(cfg: DictConfig) -> VLAConfig:
     env = OmegaConf.to_container(cfg.env, resolve=True)
     check_vla_task(str(env["id"]))
     return VLAConfig(**fields, env_id=str(env["id"]), env=dict(env.get("kwargs") or {}), chunk_size=int(env["chunk_size"]),
-                     bins=int(env.get("bins", 256)), model=OmegaConf.to_container(cfg.model.config, resolve=True),
+                     bins=int(env.get("bins", 256)), model=vla_model(cfg.model),
                      seed=int(cfg.seed))
+
+
+def vla_model(model: DictConfig) -> dict:
+    """`model.config` for the roles, with `model.source` (an HF checkpoint folder, model=hf_vla) when set."""
+    config = OmegaConf.to_container(model.config, resolve=True)
+    return config | ({"source": str(model.source)} if model.get("source") else {})
 
 
 def split_groups(groups: int, workers: int) -> list[int]:

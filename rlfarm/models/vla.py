@@ -130,7 +130,8 @@ class HFVLAPolicy(nn.Module):
     restricted softmax. K×D tokens are decoded autoregressively (each conditioned on the ones before).
 
     No KV cache: every decoding step reruns the whole prefix. Exact and simple; a real engine would cache.
-    Prompts come as token ids of equal length (image placeholder tokens + instruction), no padding.
+    Prompts come as token ids of equal length (image placeholder tokens + instruction); `prompt_mask` marks
+    left padding (0), if any.
     """
 
     def __init__(self, model: nn.Module, num_tokens: int, bins: int = 256):
@@ -141,22 +142,23 @@ class HFVLAPolicy(nn.Module):
             raise ValueError(f"the model's vocabulary ({vocab}) is smaller than {bins} action bins")
         self.first_action_id = vocab - self.bins
 
-    def token_logprobs(self, pixel_values, input_ids, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    def token_logprobs(self, pixel_values, input_ids, tokens: torch.Tensor, temperature: float = 1.0,
+                       prompt_mask: torch.Tensor | None = None) -> torch.Tensor:
         """log π of the given action tokens [B, T] (bin indices) after the prompt, teacher-forced in one pass."""
         full = torch.cat([input_ids, tokens.long() + self.first_action_id], dim=1)
-        out = self.model(input_ids=full, pixel_values=pixel_values, attention_mask=torch.ones_like(full),
+        out = self.model(input_ids=full, pixel_values=pixel_values, attention_mask=_extend(prompt_mask, full),
                          logits_to_keep=tokens.shape[1] + 1)
         logits = out.logits[:, :-1, self.first_action_id:].float()
         logprobs = torch.log_softmax(logits / temperature, dim=-1)
         return logprobs.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
 
     @torch.no_grad()
-    def sample(self, pixel_values, input_ids, temperature: float = 1.0, generator: torch.Generator | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, pixel_values, input_ids, temperature: float = 1.0, generator: torch.Generator | None = None,
+               prompt_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [B, K*D] as bin indices, their logprobs [B, K*D]); temperature 0 is greedy."""
         ids, tokens, logprobs = input_ids, [], []
         for _ in range(self.num_tokens):
-            out = self.model(input_ids=ids, pixel_values=pixel_values, attention_mask=torch.ones_like(ids),
+            out = self.model(input_ids=ids, pixel_values=pixel_values, attention_mask=_extend(prompt_mask, ids),
                              logits_to_keep=1)
             logits = out.logits[:, -1, self.first_action_id:].float()
             if temperature == 0:
@@ -172,6 +174,14 @@ class HFVLAPolicy(nn.Module):
         return torch.stack(tokens, 1), torch.stack(logprobs, 1)
 
 
+def _extend(prompt_mask: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+    """The attention mask of `ids` (prompt + generated): the prompt's own mask, then ones."""
+    mask = torch.ones_like(ids)
+    if prompt_mask is not None:
+        mask[:, :prompt_mask.shape[1]] = prompt_mask
+    return mask
+
+
 def load_hf_vla(path: str, num_tokens: int, bins: int = 256, lora: dict | None = None,
                 dtype: torch.dtype | None = None) -> HFVLAPolicy:
     """An image-text-to-text checkpoint saved with `save_pretrained`, by local path (nothing is downloaded
@@ -185,3 +195,93 @@ def load_hf_vla(path: str, num_tokens: int, bins: int = 256, lora: dict | None =
 
         model = get_peft_model(model, LoraConfig(**lora))
     return HFVLAPolicy(model, num_tokens, bins)
+
+
+class HFVLAActions(nn.Module):
+    """An `HFVLAPolicy` behind the interface the VLA roles use (TinyVLA's): `sample` / `token_logprobs` of
+    (image uint8 [B, 3, S, S], words int64 [B, L], proprio [B, P]), `tokenizer.encode(instructions)`,
+    `num_tokens`. The picture is resized to the vision tower's input and normalized (CLIP statistics unless the
+    checkpoint saved an image processor); the prompt is the image placeholder tokens, then the instruction in
+    the checkpoint's own tokenizer, left-padded to `max_words` tokens. Proprio is not used (as in OpenVLA)."""
+
+    def __init__(self, policy: HFVLAPolicy, tokenizer, image_token_id: int, image_tokens: int, image_size: int,
+                 mean: Sequence[float], std: Sequence[float], max_words: int = 16):
+        super().__init__()
+        self.policy = policy
+        self.tokenizer = HFInstructionTokenizer(tokenizer, max_words)
+        self.image_token_id, self.image_tokens, self.image_size = int(image_token_id), int(image_tokens), int(image_size)
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.policy.num_tokens
+
+    def _inputs(self, image: torch.Tensor, words: torch.Tensor):
+        pixels = torch.nn.functional.interpolate(image.float() / 255.0, size=(self.image_size, self.image_size),
+                                                 mode="bilinear", align_corners=False)
+        pixels = (pixels - self.mean) / self.std
+        picture = torch.full((len(words), self.image_tokens), self.image_token_id, dtype=torch.long,
+                             device=words.device)
+        mask = words != self.tokenizer.pad_id
+        ids = torch.cat([picture, words.masked_fill(~mask, self.tokenizer.fill_id)], dim=1)
+        prompt_mask = torch.cat([torch.ones_like(picture), mask.long()], dim=1)
+        return pixels.to(self.policy.model.dtype), ids, prompt_mask
+
+    def token_logprobs(self, image, words, proprio, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        pixels, ids, mask = self._inputs(image, words)
+        return self.policy.token_logprobs(pixels, ids, tokens, temperature, prompt_mask=mask)
+
+    @torch.no_grad()
+    def sample(self, image, words, proprio, temperature: float = 1.0, generator: torch.Generator | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        pixels, ids, mask = self._inputs(image, words)
+        return self.policy.sample(pixels, ids, temperature, generator, prompt_mask=mask)
+
+
+class HFInstructionTokenizer:
+    """Instructions → int64 [B, max_words] in an HF tokenizer's ids, left-padded with -1 (no id is -1, so the
+    policy tells padding from text without a pad token of the tokenizer's), truncated from the left."""
+
+    pad_id = -1
+
+    def __init__(self, tokenizer, max_words: int):
+        self.tokenizer, self.max_words = tokenizer, int(max_words)
+        fill = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.fill_id = int(fill or 0)  # what the model is fed at padded (masked) places
+
+    def encode(self, instructions: Sequence[str]) -> np.ndarray:
+        out = np.full((len(instructions), self.max_words), self.pad_id, dtype=np.int64)
+        for row, text in enumerate(instructions):
+            ids = self.tokenizer.encode(text, add_special_tokens=False)[-self.max_words:]
+            if ids:
+                out[row, -len(ids):] = ids
+        return out
+
+
+CLIP_MEAN, CLIP_STD = (0.4815, 0.4578, 0.4082), (0.2686, 0.2613, 0.2758)
+
+
+def load_hf_vla_actions(path: str, num_tokens: int, bins: int = 256, lora: dict | None = None,
+                        max_words: int = 16) -> HFVLAActions:
+    """A Llava-style checkpoint folder (model + tokenizer, optionally an image processor) as a VLA policy."""
+    import os
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    if not os.path.isdir(os.path.expanduser(path)):
+        raise FileNotFoundError(f"model.source: no such folder '{path}' (nothing is downloaded at run time)")
+    config = AutoConfig.from_pretrained(path)
+    vision = config.vision_config
+    side = int(vision.image_size) // int(vision.patch_size)
+    image_tokens = side * side + (1 if getattr(config, "vision_feature_select_strategy", "default") == "full" else 0)
+    mean, std = CLIP_MEAN, CLIP_STD
+    try:
+        from transformers import AutoImageProcessor
+
+        processor = AutoImageProcessor.from_pretrained(path)
+        mean, std = processor.image_mean, processor.image_std
+    except (OSError, ValueError):  # no image processor saved: CLIP's statistics (Llava's vision towers are CLIP)
+        pass
+    return HFVLAActions(load_hf_vla(path, num_tokens, bins, lora), AutoTokenizer.from_pretrained(path),
+                        config.image_token_id, image_tokens, int(vision.image_size), mean, std, max_words)

@@ -33,7 +33,7 @@ from rlfarm.algos.grpo import grpo_advantages, grpo_loss, keep_groups
 from rlfarm.algos.ppo import approx_kl, clip_fraction
 from rlfarm.envs.action_chunks import ActionChunkWrapper, ActionTokenizer
 from rlfarm.envs.vla_tasks import instruction_vocabulary, make_vla_task
-from rlfarm.models.vla import TinyVLA, tiny_vla
+from rlfarm.models.vla import HFVLAActions, TinyVLA, load_hf_vla_actions, tiny_vla
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic
 
 BATCH_ARRAYS = ("image", "words", "proprio", "tokens", "logprobs", "called", "success", "steps")
@@ -72,8 +72,12 @@ def policy_shapes(env) -> dict[str, int]:
             "proprio_dim": int(inner.observation_space["proprio"].shape[0]), "image_size": int(inner.image_size)}
 
 
-def build_policy(cfg: VLAConfig, shapes: dict[str, int]) -> TinyVLA:
+def build_policy(cfg: VLAConfig, shapes: dict[str, int]) -> TinyVLA | HFVLAActions:
+    """The tiny built-in VLA from `cfg.model`, or an HF checkpoint when `cfg.model` names a `source` folder."""
     torch.manual_seed(cfg.seed)
+    if cfg.model.get("source"):
+        return load_hf_vla_actions(str(cfg.model["source"]), shapes["action_dim"] * cfg.chunk_size, cfg.bins,
+                                   lora=cfg.model.get("lora"), max_words=int(cfg.model.get("max_words", 16)))
     return tiny_vla(instruction_vocabulary(cfg.env_id), shapes["action_dim"], cfg.chunk_size, shapes["proprio_dim"],
                     image_size=shapes["image_size"], bins=cfg.bins, **cfg.model)
 
@@ -241,7 +245,8 @@ class VLALearner:
         limit_threads(threads)
         self.cfg, self.device = cfg, assigned_device() if ray.is_initialized() else "cpu"
         self.model = build_policy(cfg, shapes or policy_shapes(make_env(cfg))).to(self.device).eval()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr,
+                                           weight_decay=0.0)  # under LoRA, only the adapters
         self.version = 0
 
     def publish(self) -> tuple[list, int]:

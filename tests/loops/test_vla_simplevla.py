@@ -29,6 +29,36 @@ def test_simplevla_smoke_writes_a_run_directory(tmp_path):
     assert (run_dir / "checkpoints" / "final.pt").exists()
 
 
+def test_an_hf_vla_checkpoint_with_lora_trains_through_the_roles(tmp_path):
+    """model=hf_vla model.source=<folder>: a tiny saved Llava (model + tokenizer) as the policy, LoRA adapters only."""
+    import torch
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration, Qwen2Config
+
+    from rlfarm.models.lm_factory import build_tokenizer
+
+    torch.manual_seed(0)
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=32, patch_size=8, projection_dim=32)
+    text = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                       num_key_value_heads=2, vocab_size=300, max_position_embeddings=128)
+    folder = tmp_path / "llava"
+    LlavaForConditionalGeneration(LlavaConfig(vision_config=vision, text_config=text, image_token_id=2,
+                                              vision_feature_layer=-1)).save_pretrained(folder)
+    build_tokenizer(vocab_size=300).save_pretrained(folder)
+    run_dir = tmp_path / "run"
+    out = rlfarm("train", "experiment=simplevla", "model=hf_vla", f"model.source={folder}",
+                 "model.config.lora={r: 4, lora_alpha: 8, target_modules: [q_proj, v_proj]}",
+                 f"hydra.run.dir={run_dir}", "run.live=false", "algo.max_updates=2", "algo.groups_per_update=2",
+                 "algo.group_size=4", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["updates"] == 2 and summary["samples"] == 2 * 2 * 4
+    rows = _rows(run_dir)
+    assert all(row["staleness"] == 0 for row in rows) and rows[-1]["env_steps"] > 0
+    saved = torch.load(run_dir / "checkpoints" / "final.pt", map_location="cpu", weights_only=False)
+    assert any("lora_" in name for name in saved["model"])
+
+
 @pytest.mark.slow
 def test_tiny_vla_learns_push_cube_within_5_minutes(tmp_path):
     run_dir = tmp_path / "run"

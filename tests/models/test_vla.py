@@ -112,6 +112,8 @@ def saved_llava(tmp_path_factory):
                          vision_feature_select_strategy="default")
     path = tmp_path_factory.mktemp("tiny_llava")
     LlavaForConditionalGeneration(config).save_pretrained(path)
+    from rlfarm.models.lm_factory import build_tokenizer
+    build_tokenizer(vocab_size=300).save_pretrained(path)  # its instructions' tokenizer (a 300-token BPE)
     return str(path)
 
 
@@ -153,3 +155,31 @@ def test_hf_vla_lora_trains_only_the_adapters(saved_llava):
         optimizer.step()
     assert policy.token_logprobs(pixels, ids, target).mean().item() > before + 0.1
     assert all(torch.equal(frozen[n], p) for n, p in policy.named_parameters() if n in frozen)
+
+
+def test_hf_vla_behind_the_roles_interface_reads_pictures_and_instructions(saved_llava):
+    """What the VLA roles call: uint8 pictures of any size and instructions of any length in, action bins out,
+    with the same log-probabilities when the learner recomputes them; padding changes nothing."""
+    from rlfarm.models.vla import load_hf_vla_actions
+
+    policy = load_hf_vla_actions(saved_llava, num_tokens=6, max_words=8).eval()
+    assert policy.image_tokens == 16 and policy.image_size == 32 and policy.num_tokens == 6
+    words = torch.as_tensor(policy.tokenizer.encode(["push the cube left", "right", "push the cube to the left"]))
+    assert words.shape == (3, 8) and (words[1] == -1).sum() > (words[0] == -1).sum()  # left-padded, shorter
+    image = torch.randint(0, 256, (3, 3, 48, 48), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    proprio = torch.zeros(3, 4)
+    tokens, logprobs = policy.sample(image, words, proprio, 1.6, torch.Generator().manual_seed(1))
+    assert tokens.shape == (3, 6) and 0 <= tokens.min() and tokens.max() < 256
+    recomputed = policy.token_logprobs(image, words, proprio, tokens, 1.6)
+    assert (recomputed - logprobs).abs().max() < 1e-4
+    # one row alone, without the others' padding around it: the same log-probabilities
+    alone = policy.token_logprobs(image[1:2], torch.as_tensor(policy.tokenizer.encode(["right"])), proprio[1:2],
+                                  tokens[1:2], 1.6)
+    torch.testing.assert_close(alone, recomputed[1:2], atol=1e-4, rtol=0)
+
+
+def test_hf_vla_source_must_be_a_folder():
+    from rlfarm.models.vla import load_hf_vla_actions
+
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        load_hf_vla_actions("/nonexistent/llava", num_tokens=4)
