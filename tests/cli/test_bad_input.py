@@ -114,6 +114,11 @@ CASES = [
                  "algo.weight_sync must be one of auto|object_store|broadcast|ipc", id="grpo-unknown-weight-sync"),
     pytest.param(["train", "experiment=grpo_digits", "algo.weight_sync=ipc"],
                  "algo.weight_sync=ipc needs the learner and the engine on one GPU", id="grpo-ipc-apart"),
+    # VLA family
+    pytest.param(["train", "experiment=simplevla", "model=hf_vla", "model.source={tmp}/no-llava"],
+                 "model.source: no such folder", id="vla-checkpoint-missing"),
+    pytest.param(["train", "experiment=simplevla", "model=mlp"], "algo=grpo_vla needs a VLA policy",
+                 id="vla-with-sac-networks"),
 ]
 
 
