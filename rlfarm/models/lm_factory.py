@@ -6,6 +6,7 @@ the embedding size). So: a byte-level BPE tokenizer trained offline on a little 
 special tokens (`<|endoftext|>` pad, `<|im_end|>` EOS) and a ChatML template, next to a Qwen2 model whose
 vocabulary is padded to a multiple of 64 as released models do.
 `python -m rlfarm.models.lm_factory --out /tmp/tiny-lm`, then `rlfarm train ... model=hf_lm model.source=/tmp/tiny-lm`.
+`--vla`: a tiny Llava (CLIP vision tower + Qwen2, 300-token vocabulary) instead, for `model=hf_vla`.
 """
 from __future__ import annotations
 
@@ -60,12 +61,32 @@ def save_random_lm(path: str | Path, seed: int = 0, model_type: str = "qwen2", *
     return path
 
 
+def save_random_llava(path: str | Path, seed: int = 0) -> Path:
+    """A ~50k-parameter Llava (CLIP vision tower on 32-px pictures in 16 patches + a Qwen2 text model, 300
+    tokens: the last 256 serve as action bins) and the BPE tokenizer, under `path`: an `hf_vla` checkpoint."""
+    import torch
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration, Qwen2Config
+
+    path = Path(path)
+    torch.manual_seed(seed)
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=32, patch_size=8, projection_dim=32)
+    text = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                       num_key_value_heads=2, vocab_size=300, max_position_embeddings=128)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=2, vision_feature_layer=-1,
+                         vision_feature_select_strategy="default")
+    LlavaForConditionalGeneration(config).save_pretrained(path)
+    build_tokenizer(vocab_size=300).save_pretrained(path)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder to write (model + tokenizer)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vla", action="store_true", help="a tiny Llava for model=hf_vla instead of a causal LM")
     args = parser.parse_args()
-    print(save_random_lm(args.out, args.seed))
+    print((save_random_llava if args.vla else save_random_lm)(args.out, args.seed))
 
 
 if __name__ == "__main__":

@@ -32,19 +32,10 @@ def test_simplevla_smoke_writes_a_run_directory(tmp_path):
 def test_an_hf_vla_checkpoint_with_lora_trains_through_the_roles(tmp_path):
     """model=hf_vla model.source=<folder>: a tiny saved Llava (model + tokenizer) as the policy, LoRA adapters only."""
     import torch
-    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration, Qwen2Config
 
-    from rlfarm.models.lm_factory import build_tokenizer
+    from rlfarm.models.lm_factory import save_random_llava
 
-    torch.manual_seed(0)
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                              image_size=32, patch_size=8, projection_dim=32)
-    text = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                       num_key_value_heads=2, vocab_size=300, max_position_embeddings=128)
-    folder = tmp_path / "llava"
-    LlavaForConditionalGeneration(LlavaConfig(vision_config=vision, text_config=text, image_token_id=2,
-                                              vision_feature_layer=-1)).save_pretrained(folder)
-    build_tokenizer(vocab_size=300).save_pretrained(folder)
+    folder = save_random_llava(tmp_path / "llava")
     run_dir = tmp_path / "run"
     out = rlfarm("train", "experiment=simplevla", "model=hf_vla", f"model.source={folder}",
                  "model.config.lora={r: 4, lora_alpha: 8, target_modules: [q_proj, v_proj]}",

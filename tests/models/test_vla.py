@@ -100,21 +100,10 @@ def test_gradient_steps_raise_a_chosen_tokens_logprob():
 
 @pytest.fixture(scope="module")
 def saved_llava(tmp_path_factory):
-    """A ~50k-parameter Llava (CLIP vision + Qwen2 text) from a config, saved to a folder: no download."""
-    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration, Qwen2Config
+    """A ~50k-parameter Llava (CLIP vision + Qwen2 text) and its tokenizer, from configs, in a folder: no download."""
+    from rlfarm.models.lm_factory import save_random_llava
 
-    torch.manual_seed(0)
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                              image_size=32, patch_size=8, projection_dim=32)
-    text = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                       num_key_value_heads=2, vocab_size=300, max_position_embeddings=128)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=2, vision_feature_layer=-1,
-                         vision_feature_select_strategy="default")
-    path = tmp_path_factory.mktemp("tiny_llava")
-    LlavaForConditionalGeneration(config).save_pretrained(path)
-    from rlfarm.models.lm_factory import build_tokenizer
-    build_tokenizer(vocab_size=300).save_pretrained(path)  # its instructions' tokenizer (a 300-token BPE)
-    return str(path)
+    return str(save_random_llava(tmp_path_factory.mktemp("tiny_llava")))
 
 
 def _prompt(batch=3):
