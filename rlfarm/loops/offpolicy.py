@@ -27,8 +27,6 @@ class RoleFailed(RuntimeError):
     pass
 
 
-
-
 class OffPolicyLoop(PeriodicCheckpoints):
     def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None):
         self.cfg, self.run = cfg, run
@@ -165,7 +163,9 @@ class OffPolicyLoop(PeriodicCheckpoints):
             self._watch(learner_done)
             produced = sum(ray.get(w.done)["produced"] for w in self.supervisor.of("env_runner"))
             learner = ray.get(self.roles.learner.stats.remote())
-            if _accounted(learner) - self._settled_by_dead(learner) >= produced:
+            # After a resume the learner's counts include what it had settled before (self.offset), the runners'
+            # count only this epoch: compare like with like, or the tail is dropped while still in flight.
+            if _accounted(learner) - self.offset["produced"] - self._settled_by_dead(learner) >= produced:
                 return
             if time.monotonic() > deadline:
                 raise RoleFailed(f"labeled chunks did not all reach the learner within {FLUSH_TIMEOUT_S:g} s")

@@ -76,7 +76,11 @@ def test_sigterm_checkpoints_and_exits_for_requeue_then_resume_auto_finishes(tmp
     assert status["status"] == "preempted" and (run_dir / "checkpoints" / "preempted.pt").exists()
     assert not (run_dir / "summary.json").exists()
 
-    out = subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", f"hydra.run.dir={run_dir}", "resume=auto", *TINY],
+    # The rerun labels slowly, so its last chunks are still in flight when the runners finish: the run must
+    # wait for them (counting what the checkpoint had stored apart from what this run produced).
+    out = subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", f"hydra.run.dir={run_dir}", "resume=auto", *TINY,
+                          "reward=fixed_cost", "reward.batch_ms=400"],
                          capture_output=True, text=True, env=ENV, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads((run_dir / "summary.json").read_text())["env_steps"] == 3000
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] == summary["transitions_produced"] == summary["transitions_stored"] == 3000
