@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlfarm.models.lm import cache_kwarg
+
 PAD, UNKNOWN = 0, 1
 
 
@@ -129,8 +131,8 @@ class HFVLAPolicy(nn.Module):
     restricted to them, so a sampled token is always an action and its log-probability is exact under the
     restricted softmax. K×D tokens are decoded autoregressively (each conditioned on the ones before).
 
-    No KV cache: every decoding step reruns the whole prefix. Exact and simple; a real engine would cache.
-    Prompts come as token ids of equal length (image placeholder tokens + instruction); `prompt_mask` marks
+    Decoding keeps a KV cache: the picture and prompt go through the model once, then one token per step
+    (for OpenVLA's 7 tokens after ~280 prompt tokens, 7 prefix passes become 1). Prompts come as token ids of equal length (image placeholder tokens + instruction); `prompt_mask` marks
     left padding (0), if any.
     """
 
@@ -141,6 +143,7 @@ class HFVLAPolicy(nn.Module):
         if vocab < bins:
             raise ValueError(f"the model's vocabulary ({vocab}) is smaller than {bins} action bins")
         self.first_action_id = vocab - self.bins
+        self._cache_kwarg = cache_kwarg(model)
 
     def token_logprobs(self, pixel_values, input_ids, tokens: torch.Tensor, temperature: float = 1.0,
                        prompt_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -156,10 +159,13 @@ class HFVLAPolicy(nn.Module):
     def sample(self, pixel_values, input_ids, temperature: float = 1.0, generator: torch.Generator | None = None,
                prompt_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [B, K*D] as bin indices, their logprobs [B, K*D]); temperature 0 is greedy."""
-        ids, tokens, logprobs = input_ids, [], []
+        from transformers import DynamicCache
+
+        cache, ids, tokens, logprobs = DynamicCache(), input_ids, [], []
+        step_input = {"input_ids": input_ids, "pixel_values": pixel_values}  # the picture is read on the first step only
         for _ in range(self.num_tokens):
-            out = self.model(input_ids=ids, pixel_values=pixel_values, attention_mask=_extend(prompt_mask, ids),
-                             logits_to_keep=1)
+            out = self.model(**step_input, attention_mask=_extend(prompt_mask, ids), use_cache=True,
+                             logits_to_keep=1, **{self._cache_kwarg: cache})
             logits = out.logits[:, -1, self.first_action_id:].float()
             if temperature == 0:
                 token = logits.argmax(-1)
@@ -170,7 +176,8 @@ class HFVLAPolicy(nn.Module):
                 logprob = step.gather(-1, token.unsqueeze(-1)).squeeze(-1)
             tokens.append(token)
             logprobs.append(logprob)
-            ids = torch.cat([ids, (token + self.first_action_id).unsqueeze(1)], dim=1)
+            step_input = {"input_ids": (token + self.first_action_id).unsqueeze(1)}
+            ids = torch.cat([ids, step_input["input_ids"]], dim=1)
         return torch.stack(tokens, 1), torch.stack(logprobs, 1)
 
 

@@ -33,8 +33,10 @@ from rlfarm.algos.grpo import grpo_advantages, grpo_loss, keep_groups
 from rlfarm.algos.ppo import approx_kl, clip_fraction
 from rlfarm.envs.action_chunks import ActionChunkWrapper, ActionTokenizer
 from rlfarm.envs.vla_tasks import instruction_vocabulary, make_vla_task
+from rlfarm.models.lm import trainable_state_dict
 from rlfarm.models.vla import HFVLAActions, TinyVLA, load_hf_vla_actions, tiny_vla
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic
+from rlfarm.sync.local import HostSender
 
 BATCH_ARRAYS = ("image", "words", "proprio", "tokens", "logprobs", "called", "success", "steps")
 
@@ -113,7 +115,11 @@ class VLARolloutWorker:
         if weights is not None and weights[1] > self.version:
             box, version = weights
             state = box[0] if isinstance(box[0], dict) else ray.get(box[0])
-            self.policy.load_state_dict(state)
+            # The learner sends its trainable tensors only (the adapters, under LoRA); the rest is the same
+            # on both sides: the same checkpoint or the same seed built it.
+            unexpected = self.policy.load_state_dict(state, strict=False).unexpected_keys
+            if unexpected:
+                raise KeyError(f"rollout policy has no tensor {unexpected[0]!r} ({len(unexpected)} unknown names)")
             self.version = version
 
     def collect(self, weights: tuple[list, int] | None, seeds: list[int]) -> tuple[dict[str, Any], dict[str, float]]:
@@ -250,8 +256,9 @@ class VLALearner:
         self.version = 0
 
     def publish(self) -> tuple[list, int]:
+        """The trainable tensors (LoRA adapters only, under LoRA: ~1% of an HF VLA's bytes), as CPU copies."""
         self.version += 1
-        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        state = HostSender().send(trainable_state_dict(self.model))
         return [ray.put(state) if ray.is_initialized() else state], self.version
 
     def update(self, *batches: dict) -> dict[str, float]:

@@ -48,6 +48,36 @@ def test_rollout_logprobs_equal_the_learners(worker):
     assert (recomputed - old).abs().max() < 1e-4 and old.std() > 0.01
 
 
+def test_under_lora_the_learner_sends_only_adapters_and_the_worker_then_matches_it(tmp_path):
+    """An HF VLA with LoRA: the sync carries the adapters only, and they are all the worker needs to agree."""
+    from rlfarm.models.lm_factory import save_random_llava
+
+    cfg = VLAConfig(groups_per_update=1, group_size=2, seed=3, model={
+        "source": str(save_random_llava(tmp_path / "llava")),
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}})
+    learner, worker = VLALearner(cfg), VLARolloutWorker(cfg, groups=1)
+    try:
+        with torch.no_grad():  # LoRA's B starts at zero: move the adapters so that syncing them matters
+            for name, p in learner.model.named_parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn_like(p) * 0.5)
+        (state,), version = learner.publish()
+        assert state and all("lora_" in name for name in state) and version == 1
+        assert sum(t.numel() for t in state.values()) < sum(p.numel() for p in learner.model.parameters()) / 10
+        worker.load_weights(([state], version))
+        batch, _ = worker.collect(None, seeds=[5])
+    finally:
+        worker.close()
+    rows = batch["called"]
+    image, words, proprio = (torch.as_tensor(batch[k][rows]) for k in ("image", "words", "proprio"))
+    with torch.no_grad():
+        recomputed = learner.model.token_logprobs(image, words, proprio, torch.as_tensor(batch["tokens"][rows]),
+                                                  cfg.temperature)
+    assert (recomputed - torch.as_tensor(batch["logprobs"][rows])).abs().max() < 1e-4
+    with pytest.raises(KeyError, match="no tensor"):
+        worker.load_weights(([{"not_a_weight": torch.zeros(1)}], version + 1))
+
+
 @pytest.mark.parametrize("pipeline", [True, False])
 def test_breakdown_is_reported(pipeline):
     worker = VLARolloutWorker(VLAConfig(groups_per_update=2, group_size=4, model={"width": 32}, pipeline=pipeline),
