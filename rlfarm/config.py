@@ -198,6 +198,7 @@ def check_vla_policy(cfg: DictConfig) -> None:
 
 # learner → engine: auto picks ipc (one GPU), broadcast (separate GPUs) or object_store (CPU); `rlfarm.sync`
 WEIGHT_SYNCS = ("auto", "object_store", "broadcast", "ipc")
+DATA_PARALLEL = ("ddp", "fsdp")  # rlfarm.distributed.DATA_PARALLEL (not imported: no torch before the run starts)
 
 
 def check_text_policy(cfg: DictConfig) -> None:
@@ -223,6 +224,7 @@ def check_text_policy(cfg: DictConfig) -> None:
         raise ConfigError(f"model.source: no such folder '{source}'",
                           "set model.source=<a folder written by save_pretrained> or a hub id like Qwen/Qwen2.5-0.5B")
     _choice(cfg, "algo.weight_sync", WEIGHT_SYNCS)
+    _choice(cfg, "algo.data_parallel", DATA_PARALLEL)
     if cfg.algo.weight_sync == "ipc":
         roles = cfg.topology.roles
         if roles.learner.pool is None or roles.learner.pool != roles.engine.pool or not roles.engine.gpus:

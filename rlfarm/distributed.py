@@ -1,13 +1,18 @@
-"""Data-parallel training of one policy over N processes (torch.distributed, DDP), without Ray.
+"""Data-parallel training of one policy over N processes (torch.distributed: DDP or FSDP2), without Ray.
 
-Every rank holds the whole model wrapped in DDP and receives the whole scored batch; in each minibatch it
-trains on its shard of the rows, DDP averages the gradients over the ranks during backward, and every rank
-clips and steps the same averaged gradient, so the weights stay equal on all ranks.
+Every rank receives the whole scored batch; in each minibatch it trains on its shard of the rows, the
+gradients are averaged over the ranks during backward, and every rank steps the same averaged gradient.
+- DDP (`wrap_data_parallel`): every rank holds the whole model, its gradients and its AdamW state.
+- FSDP (`shard_model`, torch's `fully_shard`): each rank holds 1/N of the fp32 weights, gradients and AdamW
+  state (4 + 4 + 8 bytes per parameter, what dominates a learner's memory); each decoder layer's weights are
+  all-gathered for its forward/backward and freed after, gradients are reduce-scattered. `full_tensors` turns
+  the shards back into whole tensors (a collective: every rank calls it) for weight sync and checkpoints.
 
 Normalization. The GRPO loss is a token mean over the minibatch (DAPO: every valid token weighs the same).
 Shards hold different numbers of tokens, so a per-shard token mean averaged over ranks would weigh a token of
 a short shard more. Instead each rank divides its token sum by the token count of the whole minibatch
-(`grpo_loss(num_tokens=...)`) and multiplies by N, which DDP's average divides out again:
+(`grpo_loss(num_tokens=...)`) and multiplies by N, which the ranks' average (DDP's all-reduce, FSDP's
+reduce-scatter) divides out again:
 
     (1/N) Σ_r ∇(N · Σ_{t ∈ shard r} ℓ_t / T) = ∇(Σ_t ℓ_t / T)   — the single learner's gradient.
 
@@ -17,11 +22,13 @@ computed over whole groups before sharding, so the loss needs no group on one ra
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+from collections.abc import Iterator, Mapping
+
 import torch
 import torch.distributed as dist
 from torch import nn
-
 
 
 def join_data_parallel(rendezvous: dist.Store | str, rank: int, world_size: int, device: torch.device | str,
@@ -47,6 +54,60 @@ def wrap_data_parallel(model: nn.Module, device: torch.device | str) -> nn.Modul
     device = torch.device(device)
     return nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
                                                broadcast_buffers=False)
+
+
+def shard_model(model: nn.Module) -> nn.Module:
+    """FSDP2 over the default group, in place: each transformer block (the classes the model names in
+    `_no_split_modules`, e.g. Qwen2DecoderLayer) is one unit — gathered for its own forward and backward only —
+    and the root holds the rest (embeddings, final norm, head). Parameters become DTensor shards: build the
+    optimizer after this. Frozen parameters (a LoRA base) are sharded too; only trainable ones get gradients."""
+    from torch.distributed.fsdp import fully_shard
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    blocks = set(getattr(base, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if type(module).__name__ in blocks:
+            fully_shard(module)
+    fully_shard(model)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Accumulate gradients locally (enabled=False) or meet the other ranks at the end of backward (True):
+    DDP's `no_sync`, FSDP's `set_requires_gradient_sync`; a plain module always accumulates locally."""
+    if enabled or not (is_sharded(model) or hasattr(model, "no_sync")):
+        yield
+    elif is_sharded(model):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        with model.no_sync():
+            yield
+
+
+def full_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Whole tensors from FSDP shards (an all-gather per tensor: every rank calls this, in the same order);
+    plain tensors pass through."""
+    from torch.distributed.tensor import DTensor
+
+    return {name: t.full_tensor() if isinstance(t, DTensor) else t for name, t in tensors.items()}
+
+
+def full_value(value: torch.Tensor) -> torch.Tensor:
+    """A reduced scalar (the gradient norm of sharded gradients is a DTensor) as a plain tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
 
 
 def shard_rows(rows: torch.Tensor, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:

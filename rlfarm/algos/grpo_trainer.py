@@ -9,7 +9,6 @@ on the weights just synced, so they equal what the learner would recompute (test
 """
 from __future__ import annotations
 
-import contextlib
 
 import copy
 import logging
@@ -25,6 +24,7 @@ from torch import nn
 
 from rlfarm.algos.grpo import grpo_advantages, grpo_loss, keep_groups
 from rlfarm.algos.ppo import approx_kl, clip_fraction
+from rlfarm.distributed import full_value, gradient_sync
 from rlfarm.engines.base import Engine, Rollout, StopIds
 from rlfarm.engines.hf import HFEngine
 from rlfarm.envs.text_tasks import DigitTask
@@ -61,6 +61,7 @@ class GRPOConfig:
     filter_groups: bool = True    # DAPO dynamic sampling: drop groups whose rewards are all equal
     minibatches: int = 1          # optimizer steps per rollout (copy-4: 2 took fewer rollouts, stalled on 2 of 6 seeds)
     micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None: a whole minibatch
+    data_parallel: str = "ddp"    # a learner of > 1 GPUs: ddp (whole model per rank) | fsdp (weights, grads, AdamW sharded)
     max_updates: int = 2000
     time_limit_s: float = 300.0
     target_reward: float | None = 0.95  # stop once the reward, averaged over reward_window updates, reaches it
@@ -95,9 +96,9 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
     Every loss term is a token sum divided by the token count of the whole minibatch, so the pieces a
     minibatch is cut into add up to exactly its gradient:
     - gradient accumulation (`cfg.micro_batch_size` rows per forward/backward, one optimizer step);
-    - data parallel (world_size > 1, `model` under DDP, see rlfarm/distributed.py): every rank holds the whole
-      rollout, uses rank 0's permutation and takes its shard of each minibatch; its loss is multiplied by N
-      (DDP averages over the ranks), and the metrics are summed over the ranks.
+    - data parallel (world_size > 1, `model` under DDP or FSDP, see rlfarm/distributed.py): every rank holds the
+      whole rollout, uses rank 0's permutation and takes its shard of each minibatch; its loss is multiplied by
+      N (the gradients are averaged over the ranks), and the metrics are summed over the ranks.
     compute_dtype other than float32: the forward passes run under autocast to it (weights, gradients and
     optimizer state stay fp32)."""
     device = next(model.parameters()).device
@@ -126,9 +127,8 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
         pieces = list(zip(mine.split(micro), weights.split(micro)))
         for k, (part, part_weights) in enumerate(pieces):
             mask = response_mask[part] * part_weights.unsqueeze(1)
-            # DDP all-reduces the gradients once, after the last piece
-            syncing = world_size == 1 or k == len(pieces) - 1
-            with (contextlib.nullcontext() if syncing else model.no_sync()):
+            # DDP / FSDP meet the other ranks once, after the last piece
+            with gradient_sync(model, enabled=k == len(pieces) - 1):
                 with torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32):
                     logprobs = sequence_logprobs(model, input_ids[part], attention_mask[part], response_start,
                                                  rollout.temperature)
@@ -146,7 +146,7 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
                                      clip_fraction(logprobs, old_logprobs[part], advantages[part].unsqueeze(1), mask,
                                                    cfg.clip_low, cfg.clip_high) * tokens,
                                      approx_kl(logprobs, old_logprobs[part], mask) * tokens])
-        grad_norm = torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.max_grad_norm)
+        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.max_grad_norm))
         optimizer.step()
         if world_size > 1:
             dist.all_reduce(sums)

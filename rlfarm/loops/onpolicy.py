@@ -170,4 +170,4 @@ class OnPolicyLoop:
         return bool(over_time or reached)
 
     def checkpoint(self, name: str = "final.pt") -> str:
-        return ray.get(self.learner.save.remote(str(self.run.checkpoint_dir / name)))
+        return self.learners.save(str(self.run.checkpoint_dir / name))

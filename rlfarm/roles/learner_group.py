@@ -1,9 +1,10 @@
 """The on-policy learner role as one or more data-parallel `PolicyLearner` actors.
 
 One rank: a single actor, no process group — the one-learner path. N ranks (one per GPU the role holds):
-N actors joined in one torch.distributed group with their models under DDP (`rlfarm.distributed`). Each
-update goes to every rank with the whole scored batch (only refs travel; each rank takes its shard), and
-rank 0 leads: it alone publishes weights to the engines, saves checkpoints and reports the metrics.
+N actors joined in one torch.distributed group with their models under DDP or FSDP (`algo.data_parallel`,
+`rlfarm.distributed`). Each update goes to every rank with the whole scored batch (only refs travel; each rank
+takes its shard), and rank 0 leads: it alone publishes weights to the engines, writes checkpoints and reports
+the metrics (under FSDP the ranks gather whole tensors together first, after each update and in `save`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ class LearnerGroup:
     def update(self, generated, rewards) -> dict:
         """Every rank updates on its shard of the batch (they meet in DDP's all-reduce); rank 0's metrics."""
         return ray.get([rank.update.remote(generated, rewards) for rank in self.ranks])[0]
+
+    def save(self, path: str) -> str:
+        """Rank 0 writes the checkpoint; every rank takes the call (under FSDP they gather the shards together)."""
+        return ray.get([rank.save.remote(path) for rank in self.ranks])[0]
 
     def kill(self) -> None:
         for rank in self.ranks:

@@ -27,7 +27,7 @@ import ray
 import torch
 
 from rlfarm.algos.grpo_trainer import GRPOConfig, group_advantages, rollout_metrics, score_rollout, update_policy
-from rlfarm.distributed import join_data_parallel, wrap_data_parallel
+from rlfarm.distributed import full_tensors, is_sharded, join_data_parallel, shard_model, wrap_data_parallel
 from rlfarm.engines.base import Rollout
 from rlfarm.engines.hf import HFEngine
 from rlfarm.envs.text_tasks import DigitTokenizer, TextTaskSpec, text_task, text_tokenizer
@@ -139,15 +139,32 @@ class PolicyLearner:
         self.compute_dtype = compute_dtype(dtype, self.cfg.device)
         self.model = _policy(cfg).to(self.cfg.device).eval()  # fp32 weights: autocast computes in bf16
         self.trainer = self.model  # what the update runs: the DDP wrapper once the ranks joined
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr,
-                                           weight_decay=0.0)
+        self.optimizer = self._optimizer()
         self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if cfg.kl_coef else None
         self.version = 0
         self._shared: IpcSender | None = None
+        self._gathered: dict[str, torch.Tensor] = {}  # under FSDP, rank 0: the whole trainable tensors
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=self.cfg.lr,
+                                 weight_decay=0.0)
 
     def _published(self) -> dict[str, torch.Tensor]:
-        """The trainable tensors in the engine's dtype (half the bytes to move under bf16)."""
+        """The trainable tensors in the engine's dtype (half the bytes to move under bf16). Under FSDP the
+        ranks gathered them together after the update (`_gather`): only rank 0 publishes, alone."""
+        if is_sharded(self.model):
+            return self._gathered
         return {name: t.to(self.compute_dtype) for name, t in trainable_state_dict(self.model).items()}
+
+    def _gather(self) -> None:
+        """FSDP, every rank at once: all-gather the trainable shards; rank 0 keeps them (in the engine's dtype)
+        for the next publish, the others drop them. One tensor at a time, so a rank holds one extra at most."""
+        gathered = {}
+        for name, shard in trainable_state_dict(self.model).items():
+            whole = full_tensors({name: shard})[name]
+            if self.rank == 0:
+                gathered[name] = whole.to(self.compute_dtype)
+        self._gathered = gathered
 
     def publish(self) -> tuple[list, int]:
         self.version += 1
@@ -171,7 +188,12 @@ class PolicyLearner:
         (-1 on CPU), so the caller can check the ranks hold different GPUs."""
         join_data_parallel(self._dp_rendezvous if self.rank == 0 else address, self.rank, self.world_size,
                            self.cfg.device)
-        self.trainer = wrap_data_parallel(self.model, self.cfg.device)
+        if self.cfg.data_parallel == "fsdp":
+            self.trainer = shard_model(self.model)  # in place: the parameters become shards
+            self.optimizer = self._optimizer()      # over the shards
+            self._gather()
+        else:
+            self.trainer = wrap_data_parallel(self.model, self.cfg.device)
         gpu_ids = ray.get_gpu_ids()
         return int(gpu_ids[0]) if gpu_ids else -1
 
@@ -203,9 +225,20 @@ class PolicyLearner:
             # self.trainer: the DDP-wrapped model on > 1 ranks, the model itself on one
             metrics |= update_policy(self.trainer, self.optimizer, kept, kept_advantages, self.cfg, self.ref_model,
                                      rank=self.rank, world_size=self.world_size, compute_dtype=self.compute_dtype)
+            if is_sharded(self.model):
+                self._gather()
         return metrics
 
     def save(self, path: str) -> str:
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "version": self.version}, path)
+        """Every rank takes this call (`LearnerGroup.save`); rank 0 writes whole tensors (under FSDP the ranks
+        gather them together first: model and AdamW state, as one learner's checkpoint would hold)."""
+        if is_sharded(self.model):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            model, optimizer = get_state_dict(self.model, self.optimizer,
+                                              options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        elif self.rank == 0:
+            model, optimizer = self.model.state_dict(), self.optimizer.state_dict()
+        if self.rank == 0:
+            torch.save({"model": model, "optimizer": optimizer, "version": self.version}, path)
         return path

@@ -112,6 +112,8 @@ CASES = [
                  id="grpo-unknown-verifier"),
     pytest.param(["train", "experiment=grpo_digits", "algo.weight_sync=nccl"],
                  "algo.weight_sync must be one of auto|object_store|broadcast|ipc", id="grpo-unknown-weight-sync"),
+    pytest.param(["train", "experiment=grpo_digits", "algo.data_parallel=zero3"],
+                 "algo.data_parallel must be one of ddp|fsdp", id="grpo-unknown-data-parallel"),
     pytest.param(["train", "experiment=grpo_digits", "algo.weight_sync=ipc"],
                  "algo.weight_sync=ipc needs the learner and the engine on one GPU", id="grpo-ipc-apart"),
     # VLA family

@@ -1,5 +1,5 @@
-"""On two GPUs: the 0.5B-shaped GRPO run with a data-parallel learner (colocated_2: two DDP ranks over NCCL, one
-per GPU, bf16 autocast; the bf16 engine time-shares GPU 0 with rank 0) trains, and its first update matches the
+"""On two GPUs: the 0.5B-shaped GRPO run with a data-parallel learner (colocated_2: two DDP or FSDP ranks over
+NCCL, one per GPU, bf16 autocast; the bf16 engine time-shares GPU 0 with rank 0) trains, and its first update matches the
 one-GPU colocated run (the same engine rollout; the learner's loss within bf16 noise)."""
 import json
 import os
@@ -13,25 +13,26 @@ import torch
 UPDATES = 4
 
 
-def run(tmp_path, topology):
-    run_dir = tmp_path / topology
+def run(tmp_path, topology, *overrides):
+    run_dir = tmp_path / "_".join([topology, *overrides]).replace("=", "-")
     out = subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", "experiment=grpo_qwen05b_shape",
                           f"topology={topology}", f"algo.max_updates={UPDATES}", "algo.target_reward=null",
-                          "run.live=false", f"hydra.run.dir={run_dir}"],
+                          "run.live=false", f"hydra.run.dir={run_dir}", *overrides],
                          capture_output=True, text=True, timeout=900, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert out.returncode == 0, out.stderr[-3000:]
     if os.environ.get("OUT"):  # the device tool brings $OUT back: keep the figures
-        shutil.copytree(run_dir, os.path.join(os.environ["OUT"], topology), dirs_exist_ok=True,
+        shutil.copytree(run_dir, os.path.join(os.environ["OUT"], run_dir.name), dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("checkpoints", "*.pt", "events.*"))
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return json.loads((run_dir / "summary.json").read_text()), rows
 
 
 @pytest.mark.gpu
-def test_two_learner_ranks_on_two_gpus_train_the_05b_shape_in_bf16(tmp_path):
+@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
+def test_two_learner_ranks_on_two_gpus_train_the_05b_shape_in_bf16(tmp_path, data_parallel):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    summary, rows = run(tmp_path, "colocated_2")
+    summary, rows = run(tmp_path, "colocated_2", f"algo.data_parallel={data_parallel}")
     assert summary["learner_ranks"] == 2 and summary["updates"] == UPDATES
     assert all(torch.isfinite(torch.tensor([row["loss"], row["grad_norm"]])).all() for row in rows)
     assert all(row["staleness"] == 0 for row in rows)

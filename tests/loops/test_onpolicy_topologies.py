@@ -1,7 +1,7 @@
 """Placement must not change the math: GRPO's first update gives the same loss whether the engine shares
 the learner's GPU (colocated: it sleeps while the learner trains) or has its own (split_1_1). On a CPU
 machine the GPUs are declared to Ray, so the real placement groups are built and the roles run on CPU. Nor may
-data parallelism: two learner ranks (split_2_1, gloo here) give the one learner's first loss."""
+data parallelism: two learner ranks (split_2_1, gloo here; DDP or FSDP) give the one learner's first loss."""
 import json
 import os
 import subprocess
@@ -16,18 +16,20 @@ SHORT = ["experiment=grpo_digits", "run.live=false", "algo.max_updates=2", "algo
 RUNS: dict[str, list[dict]] = {}  # topology → metrics rows, one run each per session (split_1_1 serves two tests)
 
 
-def first_rows(tmp_path, topology, gpus):
-    if topology in RUNS:
-        return RUNS[topology]
-    run_dir = tmp_path / topology
+def first_rows(tmp_path, topology, gpus, *overrides):
+    key = " ".join([topology, *overrides])
+    if key in RUNS:
+        return RUNS[key]
+    run_dir = tmp_path / key.replace(" ", "_").replace("=", "-")
     out = subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", *SHORT, f"topology={topology}",
-                          f"ray.num_gpus={gpus}", "ray.num_cpus=8", f"hydra.run.dir={run_dir}"],
+                          f"ray.num_gpus={gpus}", "ray.num_cpus=8", f"hydra.run.dir={run_dir}", *overrides],
                          capture_output=True, text=True, timeout=600, env=ENV)
     assert out.returncode == 0, out.stderr[-3000:]
-    RUNS[topology] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    RUNS[key] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     if topology == "split_2_1":
         assert json.loads((run_dir / "summary.json").read_text())["learner_ranks"] == 2
-    return RUNS[topology]
+        assert (run_dir / "checkpoints" / "final.pt").exists()  # rank 0 wrote it (under FSDP: gathered)
+    return RUNS[key]
 
 
 def test_colocated_and_split_give_the_same_first_step_loss(tmp_path):
@@ -41,8 +43,10 @@ def test_colocated_and_split_give_the_same_first_step_loss(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_data_parallel_learner_ranks_give_the_one_learners_first_step(tmp_path):
-    one, two = first_rows(tmp_path, "split_1_1", 2), first_rows(tmp_path, "split_2_1", 3)
+@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
+def test_two_data_parallel_learner_ranks_give_the_one_learners_first_step(tmp_path, data_parallel):
+    one = first_rows(tmp_path, "split_1_1", 2)
+    two = first_rows(tmp_path, "split_2_1", 3, f"algo.data_parallel={data_parallel}")
     assert len(two) == 2 and two[0]["reward"] == one[0]["reward"]  # same rollout from the same engine
     for key in ("loss", "grad_norm", "clip_fraction", "approx_kl"):
         assert two[0][key] == pytest.approx(one[0][key], rel=1e-5, abs=1e-6), key

@@ -41,35 +41,56 @@ def test_learner_ranks_never_share_a_gpu():
     assert learner.gpus == 2.0 and plan("split_2_1").bundles["train"][0]["GPU"] == 2.0
 
 
-def test_two_ranks_update_like_one_learner_on_the_whole_batch(ray_cpu, one_torch_thread):
+@pytest.mark.parametrize("data_parallel,lora", [("ddp", None), ("fsdp", None),
+                                                ("fsdp", {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})])
+def test_two_ranks_update_like_one_learner_on_the_whole_batch(ray_cpu, one_torch_thread, data_parallel, lora,
+                                                              tmp_path):
+    """DDP (whole model per rank) and FSDP (weights, gradients, AdamW sharded over the ranks; with LoRA the
+    frozen base is sharded too and only the adapters are published) alike."""
+    import dataclasses
+
     ray = ray_cpu
-    generated = EngineRole(CFG).generate()
-    rewards = ScorerRole(CFG).score(generated)
+    cfg = dataclasses.replace(CFG, lora=lora)
+    generated = EngineRole(cfg).generate()
+    rewards = ScorerRole(cfg).score(generated)
     lengths = generated[0].response_mask.sum(1)
     assert lengths.min() < lengths.max()  # unequal token counts across shards
-    single = PolicyLearner(CFG)
+    single = PolicyLearner(cfg)
+    trainable = {name for name, p in single.model.named_parameters() if p.requires_grad}
     before = parameters(single.model)
     expected = single.update(generated, rewards)
     expected_weights = parameters(single.model)
 
     placed = PlacedTopology(plan("colocated_2"))
-    group = start_learner_group(learner_rank_options(placed, placed.plan.of("learner")), CFG)
+    group = start_learner_group(learner_rank_options(placed, placed.plan.of("learner")),
+                                dataclasses.replace(cfg, data_parallel=data_parallel))
     try:
         assert len(group.ranks) == 2 and len(set(group.gpu_ids)) == 2 and min(group.gpu_ids) >= 0
         metrics = group.update(ray.put(generated), ray.put(rewards))
-        weights = ray.get([rank.__ray_call__.remote(lambda self: {name: t.detach().cpu().clone() for name, t in
-                                                                  self.model.named_parameters()})
-                           for rank in group.ranks])
+        # what rank 0 would send the engines, and each rank's own tensors (under FSDP: its shards)
+        (box,), _ = ray.get(group.lead.publish.remote())
+        published = ray.get(box)
+        local = ray.get([rank.__ray_call__.remote(lambda self: {name: getattr(t, "_local_tensor", t).detach().clone()
+                                                                for name, t in self.model.named_parameters()})
+                         for rank in group.ranks])
+        checkpoint = torch.load(group.save(str(tmp_path / "final.pt")), weights_only=True)
     finally:
         group.kill()
         placed.remove()
     assert expected["loss"] != 0.0
     for key in ("reward", "loss", "grad_norm", "clip_fraction", "approx_kl", "entropy"):
         assert metrics[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
-    assert all(torch.equal(weights[0][name], weights[1][name]) for name in before)  # the ranks step identically
     assert max((before[name] - expected_weights[name]).abs().max() for name in before) > 1e-4  # it learned
+    assert set(published) == trainable and set(before) <= set(checkpoint["model"])  # + tied weights' names
     for name in before:
-        torch.testing.assert_close(weights[0][name], expected_weights[name], rtol=0, atol=1e-5)
+        if name in trainable:
+            torch.testing.assert_close(published[name], expected_weights[name], rtol=0, atol=1e-5)
+        torch.testing.assert_close(checkpoint["model"][name], expected_weights[name], rtol=0, atol=1e-5)
+    if data_parallel == "ddp":  # every rank holds the whole model, and they step identically
+        assert all(torch.equal(local[0][name], local[1][name]) for name in before)
+    else:  # each rank holds a part of each weight
+        assert all(local[0][name].numel() < before[name].numel() for name in before if before[name].shape[0] > 1)
+        assert len(checkpoint["optimizer"]["state"]) == len(trainable)  # the whole AdamW state, gathered
 
 
 def test_gradient_accumulation_in_micro_batches_updates_like_whole_minibatches(one_torch_thread):
