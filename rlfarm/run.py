@@ -35,14 +35,16 @@ class Run:
         self.metrics = MetricsLogger(self.dir, tensorboard=bool(cfg.logger.tensorboard), wandb=self._wandb,
                                      step_key=step_key)
 
-    def truncate_metrics(self, after_env_steps: int) -> None:
-        """On resume: drop rows logged after the checkpoint, so env_steps never repeat in metrics.jsonl."""
+    def truncate_metrics(self, after_step: int) -> None:
+        """On resume: drop rows logged after the checkpoint (their step, `step_key`, is past `after_step`),
+        so steps never repeat in metrics.jsonl."""
         self.metrics.close()
         path = self.dir / "metrics.jsonl"
         kept = [line for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("env_steps", 0) <= after_env_steps]
+                if line.strip() and json.loads(line).get(self.step_key, 0) <= after_step]
         path.write_text("".join(line + "\n" for line in kept))
-        self.metrics = MetricsLogger(self.dir, tensorboard=self.metrics.tb is not None, wandb=self._wandb)
+        self.metrics = MetricsLogger(self.dir, tensorboard=self.metrics.tb is not None, step_key=self.step_key,
+                                     wandb=self._wandb)
 
     def log(self, row: dict) -> None:
         self.metrics.log(row)

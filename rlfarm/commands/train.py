@@ -118,11 +118,11 @@ def resume_from_dir_is_new(cfg: DictConfig, run_dir: str) -> bool:
     return not is_run_dir(run_dir)
 
 
-# algo.family → (loop module, loop class, resumable: takes `resume_from` and checkpoints on SIGTERM)
-LOOPS = {"offpolicy": ("rlfarm.loops.offpolicy", "OffPolicyLoop", True),
-         "onpolicy": ("rlfarm.loops.onpolicy", "OnPolicyLoop", False),
-         "onpolicy_env": ("rlfarm.loops.ppo", "PPOLoop", True),
-         "vla": ("rlfarm.loops.vla", "VLALoop", True)}
+# algo.family → (loop module, loop class). Every loop takes `resume_from` and checkpoints on SIGTERM.
+LOOPS = {"offpolicy": ("rlfarm.loops.offpolicy", "OffPolicyLoop"),
+         "onpolicy": ("rlfarm.loops.onpolicy", "OnPolicyLoop"),
+         "onpolicy_env": ("rlfarm.loops.ppo", "PPOLoop"),
+         "vla": ("rlfarm.loops.vla", "VLALoop")}
 PARAGRAPHS = {"offpolicy": summary_paragraph, "onpolicy": onpolicy_paragraph, "onpolicy_env": ppo_paragraph,
               "vla": vla_paragraph}
 
@@ -131,16 +131,10 @@ def train_family(cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from:
     if cfg.algo.family not in LOOPS:
         raise RlfarmError(f"algo family '{cfg.algo.family}' has no training loop",
                           "use algo=sac, algo=ppo, algo=grpo or experiment=simplevla")
-    module, name, resumable = LOOPS[cfg.algo.family]
-    if resume_from and not resumable:
-        raise RlfarmError(f"resume is not supported for the '{cfg.algo.family}' family yet", "start a new run")
-    loop_class = getattr(importlib.import_module(module), name)
-    if resumable:
-        loop = loop_class(cfg, run, placed, resume_from)
-        # Slurm sends SIGTERM before it kills a job: checkpoint and exit with PREEMPTED_EXIT.
-        signal.signal(signal.SIGTERM, lambda *_: loop.request_preemption())
-    else:
-        loop = loop_class(cfg, run, placed)
+    module, name = LOOPS[cfg.algo.family]
+    loop = getattr(importlib.import_module(module), name)(cfg, run, placed, resume_from)
+    # Slurm sends SIGTERM before it kills a job: checkpoint and exit with PREEMPTED_EXIT.
+    signal.signal(signal.SIGTERM, lambda *_: loop.request_preemption())
     summary = loop.train()
     if cfg.run.checkpoint:
         summary["checkpoint"] = loop.checkpoint()

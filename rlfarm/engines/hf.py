@@ -119,6 +119,10 @@ class HFEngine(Engine):
                             use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache})
         return output.logits[:, -1]
 
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling stream (the static decoder draws from the same generator)."""
+        self._generator.manual_seed(seed)
+
     @torch.no_grad()
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         own = self._tensors()

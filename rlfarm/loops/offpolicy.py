@@ -59,7 +59,7 @@ class OffPolicyLoop(PeriodicCheckpoints):
         self.returns.extend(extra.get("returns", []))
         self.epoch = int(extra.get("epoch", 0)) + 1
         self._last_checkpoint = (learner["updates"], time.monotonic())
-        self.run.truncate_metrics(after_env_steps=settled)
+        self.run.truncate_metrics(after_step=settled)
         log.info("resumed from %s at %d env steps, %d updates", path, settled, learner["updates"])
 
     def checkpoint(self, name: str = "final.pt", with_buffer: bool | None = None) -> str:

@@ -3,7 +3,8 @@ Only object refs pass through here: the rollout goes engine → scorer and engin
 learner → engine through the object store, or, when both roles hold a GPU, by NCCL broadcast between them
 (`algo.weight_sync`: auto | object_store | broadcast; auto picks broadcast for GPU roles).
 A learner role holding N > 1 GPUs (one N-GPU bundle, or count N) runs N data-parallel ranks
-(`rlfarm.roles.learner_group`); rank 0 publishes the weights. `model.dtype` is what GPU roles compute in."""
+(`rlfarm.roles.learner_group`); rank 0 publishes the weights. `model.dtype` is what GPU roles compute in.
+Checkpoints (`run.checkpoint_every_*`, SIGTERM → preempted.pt) and `resume=` continue after the saved update."""
 from __future__ import annotations
 
 import logging
@@ -17,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlfarm.algos.grpo_trainer import GRPOConfig
 from rlfarm.envs.text_tasks import TextTaskSpec
 from rlfarm.errors import ConfigError
+from rlfarm.loops.checkpoints import PeriodicCheckpoints
 from rlfarm.roles.learner_group import start_learner_group
 from rlfarm.roles.onpolicy import EngineRole, ScorerRole
 from rlfarm.run import Run
@@ -61,8 +63,8 @@ def learner_rank_options(placed: PlacedTopology, places: list[Placement]) -> lis
     return [placed.options(place) for place in places]
 
 
-class OnPolicyLoop:
-    def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology):
+class OnPolicyLoop(PeriodicCheckpoints):
+    def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None):
         self.cfg, self.run = cfg, run
         grpo = grpo_config(cfg)
         plan = placed.plan
@@ -84,25 +86,32 @@ class OnPolicyLoop:
         self.stage_times: dict[str, list[float]] = {key: [] for key in STAGE_KEYS}
         self.staleness_max = 0
         self.started = time.monotonic()
-        self.samples = 0
+        self.samples = self.updates = 0
+        self.wall_offset = 0.0  # wall time of the runs before a resume
+        self._start_checkpoints()
+        if resume_from:
+            self._resume(resume_from)
 
     def train(self) -> dict:
         self._sync()                                                  # engine starts from the learner's weights
         self.started = time.monotonic()  # the clock counts training, not the roles' start-up (imports, model build)
         total, target = int(self.cfg.algo.max_updates), self.cfg.algo.target_reward
-        row: dict = {}
-        with LiveView(f"rlfarm · grpo · {self.cfg.env.task} · {self.cfg.topology.name}", self.cfg.run.live,
-                      columns="onpolicy") as view:
-            for update in range(1, total + 1):
+        row: dict = self._last_row()
+        with self.until_preempted(), LiveView(f"rlfarm · grpo · {self.cfg.env.task} · {self.cfg.topology.name}",
+                                              self.cfg.run.live, columns="onpolicy") as view:
+            for update in range(self.updates + 1, total + 1):
                 row = self._record(update, self._step())
                 view.update(row)
+                self._maybe_checkpoint(update)
+                if self._preempt:
+                    raise self._preempted()
                 if self._done(row, target):
                     break
         stages = {key: round(float(np.median(self.stage_times[key])), 4) for key in self.stage_times}
         return {"updates": row["updates"], "reward_mean": row["reward_mean"], "samples": self.samples,
                 "median": stages, "policy_staleness_max": self.staleness_max,
                 "learner_ranks": len(self.learners.ranks),
-                "wall_s": round(time.monotonic() - self.started, 2), "target_reward": target,
+                "wall_s": round(self.wall_offset + time.monotonic() - self.started, 2), "target_reward": target,
                 "reached_target": bool(target is not None and row["reward_mean"] >= target)}
 
     def _open_weight_sync(self, choice: str) -> str:
@@ -157,7 +166,8 @@ class OnPolicyLoop:
             self.stage_times[key].append(metrics[key])
         self.staleness_max = max(self.staleness_max, int(metrics["staleness"]))
         self.samples += int(self.cfg.algo.prompts_per_step) * int(self.cfg.algo.group_size)
-        wall = time.monotonic() - self.started
+        self.updates = update
+        wall = self.wall_offset + time.monotonic() - self.started
         row = {"updates": update, "samples": self.samples, "wall_s": round(wall, 3),
                "reward_mean": float(np.mean(self.rewards)), "samples_per_s": self.samples / max(wall, 1e-9),
                **metrics}
@@ -169,5 +179,29 @@ class OnPolicyLoop:
         reached = target is not None and len(self.rewards) == REWARD_WINDOW and row["reward_mean"] >= target
         return bool(over_time or reached)
 
+    # -- checkpoints ---------------------------------------------------------------------------------
     def checkpoint(self, name: str = "final.pt") -> str:
-        return self.learners.save(str(self.run.checkpoint_dir / name))
+        extra = {"updates": self.updates, "samples": self.samples, "rewards": list(self.rewards),
+                 "stage_times": self.stage_times, "staleness_max": self.staleness_max,
+                 "wall_s": self.wall_offset + time.monotonic() - self.started}
+        return self.learners.save(str(self.run.checkpoint_dir / name), extra)
+
+    def _resume(self, path: str) -> None:
+        """Continue after the checkpoint's update: every learner rank restores weights, AdamW state and version
+        (the engine gets them at the first sync); counters, the reward window and stage timings continue. The
+        engine draws new prompt and sampling streams, seeded by the update it resumes after."""
+        extra = self.learners.load(path)
+        self.updates, self.samples = int(extra["updates"]), int(extra["samples"])
+        self.rewards.extend(extra["rewards"])
+        self.stage_times = {key: list(extra["stage_times"].get(key, [])) for key in STAGE_KEYS}
+        self.staleness_max, self.wall_offset = int(extra["staleness_max"]), float(extra["wall_s"])
+        ray.get(self.engine.reseed.remote(int(self.cfg.seed) * 1_000_003 + self.updates))
+        self._start_checkpoints(self.updates)
+        self.run.truncate_metrics(after_step=self.updates)
+        log.info("resumed from %s after update %d", path, self.updates)
+
+    def _last_row(self) -> dict:
+        """The row a run that ends at once (resumed after its last update) reports."""
+        if not self.updates:
+            return {}
+        return {"updates": self.updates, "reward_mean": float(np.mean(self.rewards)) if self.rewards else 0.0}

@@ -127,5 +127,5 @@ class PPOLoop(PeriodicCheckpoints):
         self.env_steps, self.episodes = int(extra["env_steps"]), int(extra["episodes"])
         self.returns.extend(extra["returns"])
         self.wall_offset = float(extra["wall_s"])
-        self.run.truncate_metrics(after_env_steps=self.env_steps)
+        self.run.truncate_metrics(after_step=self.env_steps)
         log.info("resumed from %s at %d env steps", path, self.env_steps)

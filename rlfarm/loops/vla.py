@@ -178,5 +178,5 @@ class VLALoop(PeriodicCheckpoints):
         self.times = {key: list(extra["times"].get(key, [])) for key in TIME_KEYS}
         self.wall_offset = float(extra["wall_s"])
         self._start_checkpoints(self.updates)
-        self.run.truncate_metrics(after_env_steps=self.env_steps)
+        self.run.truncate_metrics(after_step=self.env_steps)
         log.info("resumed from %s after update %d", path, self.updates)

@@ -30,9 +30,13 @@ class LearnerGroup:
         """Every rank updates on its shard of the batch (they meet in DDP's all-reduce); rank 0's metrics."""
         return ray.get([rank.update.remote(generated, rewards) for rank in self.ranks])[0]
 
-    def save(self, path: str) -> str:
+    def save(self, path: str, extra: dict | None = None) -> str:
         """Rank 0 writes the checkpoint; every rank takes the call (under FSDP they gather the shards together)."""
-        return ray.get([rank.save.remote(path) for rank in self.ranks])[0]
+        return ray.get([rank.save.remote(path, extra) for rank in self.ranks])[0]
+
+    def load(self, path: str) -> dict:
+        """Every rank restores the checkpoint; returns its `extra` (the driver's counters)."""
+        return ray.get([rank.load.remote(path) for rank in self.ranks])[0]
 
     def kill(self) -> None:
         for rank in self.ranks:

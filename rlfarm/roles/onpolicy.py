@@ -33,7 +33,7 @@ from rlfarm.engines.hf import HFEngine
 from rlfarm.envs.text_tasks import DigitTokenizer, TextTaskSpec, text_task, text_tokenizer
 from rlfarm.models.lm import causal_lm, compute_dtype, trainable_state_dict
 from rlfarm.rewards.verifiers import get_verifier
-from rlfarm.roles.common import assigned_device, limit_threads
+from rlfarm.roles.common import assigned_device, limit_threads, save_atomic
 from rlfarm.sync import (BroadcastReceiver, BroadcastSender, HostSender, IpcPayload, IpcReceiver, IpcSender,
                          join_group, load_into, plan_layout, serve_rendezvous)
 
@@ -63,7 +63,8 @@ class EngineRole:
     def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32", task: TextTaskSpec | None = None):
         limit_threads(threads)
         self.cfg = cfg
-        self.task = text_task(_task_spec(cfg, task))
+        self.spec = _task_spec(cfg, task)
+        self.task = text_task(self.spec)
         device = assigned_device()
         policy = _policy(cfg).to(compute_dtype(dtype, device))
         self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed)
@@ -75,6 +76,11 @@ class EngineRole:
         rollout = self.engine.generate(prompts.prompt_ids, self.cfg.group_size, self.max_new_tokens,
                                        self.cfg.temperature, self.cfg.top_p, eos_id=self.task.tokenizer.stop_ids)
         return rollout, prompts.answers
+
+    def reseed(self, seed: int) -> None:
+        """A resumed run: new prompt and sampling streams, so it does not replay the first run's prompts."""
+        self.task = text_task(replace(self.spec, seed=seed))
+        self.engine.reseed(seed)
 
     def update_weights(self, box: list, version: int) -> int:
         """`box` = [ref] so Ray hands over the ref, and the weights are fetched here, once."""
@@ -229,9 +235,10 @@ class PolicyLearner:
                 self._gather()
         return metrics
 
-    def save(self, path: str) -> str:
-        """Every rank takes this call (`LearnerGroup.save`); rank 0 writes whole tensors (under FSDP the ranks
-        gather them together first: model and AdamW state, as one learner's checkpoint would hold)."""
+    def save(self, path: str, extra: dict | None = None) -> str:
+        """Every rank takes this call (`LearnerGroup.save`); rank 0 writes whole tensors, atomically (under FSDP
+        the ranks gather them together first: model and AdamW state, as one learner's checkpoint would hold).
+        `extra`: the driver's counters. Loadable with torch.load(weights_only=True)."""
         if is_sharded(self.model):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -240,5 +247,21 @@ class PolicyLearner:
         elif self.rank == 0:
             model, optimizer = self.model.state_dict(), self.optimizer.state_dict()
         if self.rank == 0:
-            torch.save({"model": model, "optimizer": optimizer, "version": self.version}, path)
+            save_atomic({"model": model, "optimizer": optimizer, "version": self.version, "extra": extra or {}}, path)
         return path
+
+    def load(self, path: str) -> dict:
+        """Every rank restores the checkpoint `save` wrote (under FSDP each keeps its shards of it); returns
+        its `extra`. The KL reference stays the initial policy this learner was built as."""
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if is_sharded(self.model):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
+            self._gather()
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        return dict(state["extra"])

@@ -73,7 +73,11 @@ def test_two_ranks_update_like_one_learner_on_the_whole_batch(ray_cpu, one_torch
         local = ray.get([rank.__ray_call__.remote(lambda self: {name: getattr(t, "_local_tensor", t).detach().clone()
                                                                 for name, t in self.model.named_parameters()})
                          for rank in group.ranks])
-        checkpoint = torch.load(group.save(str(tmp_path / "final.pt")), weights_only=True)
+        checkpoint = torch.load(group.save(str(tmp_path / "final.pt"), {"updates": 1}), weights_only=True)
+        group.update(ray.put(generated), ray.put(rewards))  # move on, then go back to the checkpoint
+        assert group.load(str(tmp_path / "final.pt")) == {"updates": 1}
+        (box,), version = ray.get(group.lead.publish.remote())
+        restored = ray.get(box)
     finally:
         group.kill()
         placed.remove()
@@ -86,6 +90,9 @@ def test_two_ranks_update_like_one_learner_on_the_whole_batch(ray_cpu, one_torch
         if name in trainable:
             torch.testing.assert_close(published[name], expected_weights[name], rtol=0, atol=1e-5)
         torch.testing.assert_close(checkpoint["model"][name], expected_weights[name], rtol=0, atol=1e-5)
+        if name in trainable:  # every rank restored the checkpoint (under FSDP: its shards of it)
+            assert torch.equal(restored[name], checkpoint["model"][name]), name
+    assert version == checkpoint["version"] + 1
     if data_parallel == "ddp":  # every rank holds the whole model, and they step identically
         assert all(torch.equal(local[0][name], local[1][name]) for name in before)
     else:  # each rank holds a part of each weight

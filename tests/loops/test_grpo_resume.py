@@ -1,0 +1,53 @@
+"""GRPO (the LLM on-policy loop) survives preemption: SIGTERM → preempted.pt + exit 75 → resume=auto continues
+after the checkpoint's update with the learner's weights, AdamW state and version; metrics.jsonl has every
+update once. With two FSDP learner ranks too (each restores its shards of the one checkpoint)."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from helpers import ENV
+
+UPDATES = 24
+
+
+def rows(run_dir):
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", [[], ["topology=split_2_1", "ray.num_gpus=3", "ray.num_cpus=8",
+                                            "algo.data_parallel=fsdp"]], ids=["one-learner", "fsdp-2-ranks"])
+def test_grpo_sigterm_checkpoints_then_resume_auto_continues(tmp_path, placement):
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "rlfarm.cli", "train", "experiment=grpo_digits", f"hydra.run.dir={run_dir}",
+            "run.live=false", f"algo.max_updates={UPDATES}", "algo.target_reward=null", "algo.prompts_per_step=8",
+            "logger=none", "run.checkpoint_every_updates=4", *placement]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(rows(run_dir)) < 6 and proc.poll() is None:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    assert proc.returncode == 75, proc.stderr.read()[-2000:]
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "preempted"
+    saved = torch.load(run_dir / "checkpoints" / "preempted.pt", weights_only=True)
+    stopped_at = saved["extra"]["updates"]
+    assert 6 <= stopped_at < UPDATES and saved["version"] >= stopped_at
+    assert list((run_dir / "checkpoints").glob("step_*.pt"))  # the periodic ones too
+
+    out = subprocess.run([*args, "resume=auto"], capture_output=True, text=True, env=ENV, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"preempted.pt after update {stopped_at}" in (run_dir / "train.log").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    logged = rows(run_dir)
+    assert summary["updates"] == UPDATES and [row["updates"] for row in logged] == list(range(1, UPDATES + 1))
+    assert summary["samples"] == UPDATES * 8 * 8 and logged[-1]["samples"] == summary["samples"]
+    assert logged[stopped_at]["staleness"] == 0  # the first resumed rollout came from the restored weights
+    assert summary["wall_s"] >= logged[stopped_at - 1]["wall_s"]  # wall time continues, it does not restart
+    assert not (run_dir / "status.json").exists()
