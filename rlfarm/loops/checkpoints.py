@@ -42,6 +42,12 @@ class PeriodicCheckpoints:
                 old.unlink(missing_ok=True)
             log.info("checkpoint %s", path)
 
+    def _after_update(self, updates: int, **checkpoint_args) -> None:
+        """Between cycles: a periodic checkpoint when one is due; after SIGTERM, preempted.pt and the exit."""
+        self._maybe_checkpoint(updates)
+        if self._preempt:
+            raise self._preempted(**checkpoint_args)
+
     def _preempted(self, **checkpoint_args) -> Preempted:
         """The exception that ends a preempted run: with preempted.pt, or, when a role died with the signal,
         with the newest checkpoint already on disk."""

@@ -85,9 +85,7 @@ class OffPolicyLoop(PeriodicCheckpoints):
             while not self._finished(learner_done):                                      # 1. act/label/learn
                 row = self._record()
                 view.update(row)
-                self._maybe_checkpoint(row["updates"])
-                if self._preempt:
-                    raise self._preempted(with_buffer=True)
+                self._after_update(row["updates"], with_buffer=True)
             self._flush(learner_done)                                                     # 2. label + store the tail
             ray.get([l.stop.remote() for l in roles.labelers] + [roles.learner.stop.remote()])
             self._wait(learner_done)                                                      # 3. owed updates

@@ -102,9 +102,7 @@ class OnPolicyLoop(PeriodicCheckpoints):
             for update in range(self.updates + 1, total + 1):
                 row = self._record(update, self._step())
                 view.update(row)
-                self._maybe_checkpoint(update)
-                if self._preempt:
-                    raise self._preempted()
+                self._after_update(update)
                 if self._done(row, target):
                     break
         stages = {key: round(float(np.median(self.stage_times[key])), 4) for key in self.stage_times}

@@ -69,9 +69,7 @@ class PPOLoop(PeriodicCheckpoints):
                 episodes = ray.get([finished for _, finished in collected])                            # 4. record
                 row = self._record(steps, episodes, ray.get(metrics))
                 view.update(row)
-                self._maybe_checkpoint(row["updates"])
-                if self._preempt:
-                    raise self._preempted()
+                self._after_update(row["updates"])
                 if self._done(row, target):
                     break
         return self._summary(row, target)

@@ -89,9 +89,7 @@ class VLALoop(PeriodicCheckpoints):
             for update in range(self.updates + 1, int(self.cfg.algo.max_updates) + 1):
                 weights, row = self._step(update, weights)
                 view.update(row)
-                self._maybe_checkpoint(update)
-                if self._preempt:
-                    raise self._preempted()
+                self._after_update(update)
                 if self._done(row, target):
                     break
         return self._summary(row, target)
