@@ -144,7 +144,7 @@ class PolicyLearner:
         self.rank, self.world_size = rank, world_size
         self.compute_dtype = compute_dtype(dtype, self.cfg.device)
         self.model = _policy(cfg).to(self.cfg.device).eval()  # fp32 weights: autocast computes in bf16
-        self.trainer = self.model  # what the update runs: the DDP wrapper once the ranks joined
+        self.trainer = self.model  # what the update runs: the DDP wrapper (or the sharded model) once the ranks joined
         self.optimizer = self._optimizer()
         self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if cfg.kl_coef else None
         self.version = 0
@@ -228,7 +228,7 @@ class PolicyLearner:
         metrics = rollout_metrics(rollout, rewards, keep) | {"staleness": self.version - rollout.weight_version}
         if keep.any():  # every rank sees the same rewards, so all ranks take this branch or none
             kept, kept_advantages = rollout.select_groups(keep), advantages[keep.repeat_interleave(self.cfg.group_size)]
-            # self.trainer: the DDP-wrapped model on > 1 ranks, the model itself on one
+            # self.trainer: the DDP-wrapped or FSDP-sharded model on > 1 ranks, the model itself on one
             metrics |= update_policy(self.trainer, self.optimizer, kept, kept_advantages, self.cfg, self.ref_model,
                                      rank=self.rank, world_size=self.world_size, compute_dtype=self.compute_dtype)
             if is_sharded(self.model):
