@@ -9,7 +9,6 @@ on the weights just synced, so they equal what the learner would recompute (test
 """
 from __future__ import annotations
 
-
 import copy
 import logging
 import math
