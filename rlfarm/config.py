@@ -225,6 +225,11 @@ def check_text_policy(cfg: DictConfig) -> None:
                           "set model.source=<a folder written by save_pretrained> or a hub id like Qwen/Qwen2.5-0.5B")
     _choice(cfg, "algo.weight_sync", WEIGHT_SYNCS)
     _choice(cfg, "algo.data_parallel", DATA_PARALLEL)
+    _choice(cfg, "algo.advantage", ("grpo", "gae"))
+    learner = cfg.topology.roles.learner
+    if cfg.algo.advantage == "gae" and (int(learner.get("count", 1)) > 1 or float(learner.get("gpus", 0)) > 1):
+        raise ConfigError(f"algo.advantage=gae trains its critic on one learner rank, but topology={cfg.topology.name} "
+                          "gives the learner several GPUs", "use topology=colocated, split_1_1 or local_llm")
     if cfg.algo.weight_sync == "ipc":
         roles = cfg.topology.roles
         if roles.learner.pool is None or roles.learner.pool != roles.engine.pool or not roles.engine.gpus:

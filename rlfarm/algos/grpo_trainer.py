@@ -61,6 +61,11 @@ class GRPOConfig:
     minibatches: int = 1          # optimizer steps per rollout (copy-4: 2 took fewer rollouts, stalled on 2 of 6 seeds)
     micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None: a whole minibatch
     data_parallel: str = "ddp"    # a learner of > 1 GPUs: ddp (whole model per rank) | fsdp (weights, grads, AdamW sharded)
+    advantage: str = "grpo"       # grpo: group-normalized rewards | gae: a critic and token-level GAE (algo=ppo_lm)
+    gamma: float = 1.0            # gae only: discount over response tokens
+    gae_lambda: float = 0.95      # gae only
+    critic_lr: float = 1e-3       # gae only: the critic's AdamW learning rate
+    value_clip: float | None = 0.2  # gae only: clipped value loss range (None: plain squared error)
     max_updates: int = 2000
     time_limit_s: float = 300.0
     target_reward: float | None = 0.95  # stop once the reward, averaged over reward_window updates, reaches it
@@ -142,7 +147,7 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
             with torch.no_grad():
                 tokens = mask.sum()
                 sums += torch.stack([loss.detach().float() * num_tokens,
-                                     clip_fraction(logprobs, old_logprobs[part], advantages[part].unsqueeze(1), mask,
+                                     clip_fraction(logprobs, old_logprobs[part], per_token(advantages[part]), mask,
                                                    cfg.clip_low, cfg.clip_high) * tokens,
                                      approx_kl(logprobs, old_logprobs[part], mask) * tokens])
         grad_norm = full_value(torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.max_grad_norm))
@@ -154,6 +159,11 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
             totals[name] += value / cfg.minibatches
     model.eval()
     return totals
+
+
+def per_token(advantages: torch.Tensor) -> torch.Tensor:
+    """Advantages [B] (one per sequence, GRPO) as [B, 1]; per-token ones [B, T] (PPO) as they are."""
+    return advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
 
 
 def sync_weights(model: nn.Module, engine: Engine, version: int) -> None:

@@ -73,18 +73,19 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-               mask: torch.Tensor | None = None, clip_eps: float | None = None) -> torch.Tensor:
+               mask: torch.Tensor | None = None, clip_eps: float | None = None,
+               count: float | torch.Tensor | None = None) -> torch.Tensor:
     """½ E[(V − R)²], or with clip_eps the pessimistic clipped form of the PPO baselines:
 
         V_clip = V_old + clip(V − V_old, −ε, ε);   ½ E[max((V − R)², (V_clip − R)²)]
 
-    values, old_values, returns, mask: same shape. Returns a scalar.
+    values, old_values, returns, mask: same shape; `count` as in `masked_mean`. Returns a scalar.
     """
     squared_error = (values - returns).pow(2)
     if clip_eps is not None:
         clipped_values = old_values + (values - old_values).clamp(-clip_eps, clip_eps)
         squared_error = torch.maximum(squared_error, (clipped_values - returns).pow(2))
-    return 0.5 * masked_mean(squared_error, mask)
+    return 0.5 * masked_mean(squared_error, mask, count)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

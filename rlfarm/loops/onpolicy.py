@@ -1,4 +1,5 @@
-"""On-policy driver (GRPO): generate → score → update → sync, synchronously, each stage in its own role.
+"""On-policy driver for LLM policies (GRPO, or token-level PPO with a critic: `algo=ppo_lm`): generate → score →
+update → sync, synchronously, each stage in its own role.
 Only object refs pass through here: the rollout goes engine → scorer and engine → learner; the weights go
 learner → engine through the object store, or, when both roles hold a GPU, by NCCL broadcast between them
 (`algo.weight_sync`: auto | object_store | broadcast; auto picks broadcast for GPU roles).
@@ -97,7 +98,7 @@ class OnPolicyLoop(PeriodicCheckpoints):
         self.started = time.monotonic()  # the clock counts training, not the roles' start-up (imports, model build)
         total, target = int(self.cfg.algo.max_updates), self.cfg.algo.target_reward
         row: dict = self._last_row()
-        with self.until_preempted(), LiveView(f"rlfarm · grpo · {self.cfg.env.task} · {self.cfg.topology.name}",
+        with self.until_preempted(), LiveView(f"rlfarm · {self.cfg.algo.name} · {self.cfg.env.task} · {self.cfg.topology.name}",
                                               self.cfg.run.live, columns="onpolicy") as view:
             for update in range(self.updates + 1, total + 1):
                 row = self._record(update, self._step())

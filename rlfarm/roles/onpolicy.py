@@ -27,10 +27,12 @@ import ray
 import torch
 
 from rlfarm.algos.grpo_trainer import GRPOConfig, group_advantages, rollout_metrics, score_rollout, update_policy
+from rlfarm.algos.ppo_lm_trainer import update_actor_critic
 from rlfarm.distributed import full_tensors, is_sharded, join_data_parallel, shard_model, wrap_data_parallel
 from rlfarm.engines.base import Rollout
 from rlfarm.engines.hf import HFEngine
 from rlfarm.envs.text_tasks import DigitTokenizer, TextTaskSpec, text_task, text_tokenizer
+from rlfarm.models.critic import TokenCritic
 from rlfarm.models.lm import causal_lm, compute_dtype, trainable_state_dict
 from rlfarm.rewards.verifiers import get_verifier
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic
@@ -40,12 +42,14 @@ from rlfarm.sync import (BroadcastReceiver, BroadcastSender, HostSender, IpcPayl
 SYNC_BUCKET_BYTES = 256 * 2**20  # broadcast buckets: 4 for the 0.5B shape in bf16 (H200: 64 MB 2.1x a raw copy, 256 MB 1.2-1.6x)
 
 
-def _policy(cfg: GRPOConfig) -> torch.nn.Module:
-    """Learner and engine build the same policy (the same seed makes the same LoRA adapters), in float32."""
+def _policy(cfg: GRPOConfig, lora: bool = True) -> torch.nn.Module:
+    """Learner and engine build the same policy (the same seed makes the same LoRA adapters), in float32;
+    lora=False: the same weights without adapters (the PPO critic's starting point)."""
     torch.manual_seed(cfg.seed)
+    adapters = cfg.lora if lora else None
     if isinstance(cfg.model, str):  # model.source: a pretrained model, sized by its own config
-        return causal_lm(cfg.model, lora=cfg.lora)
-    return causal_lm({**cfg.model, "vocab_size": DigitTokenizer().vocab_size}, lora=cfg.lora)
+        return causal_lm(cfg.model, lora=adapters)
+    return causal_lm({**cfg.model, "vocab_size": DigitTokenizer().vocab_size}, lora=adapters)
 
 
 def _task_spec(cfg: GRPOConfig, task: TextTaskSpec | None) -> TextTaskSpec:
@@ -147,6 +151,10 @@ class PolicyLearner:
         self.trainer = self.model  # what the update runs: the DDP wrapper (or the sharded model) once the ranks joined
         self.optimizer = self._optimizer()
         self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if cfg.kl_coef else None
+        self.critic = self.critic_optimizer = None
+        if cfg.advantage == "gae":  # PPO: a critic of the policy's architecture and starting weights
+            self.critic = TokenCritic(_policy(cfg, lora=False)).to(self.cfg.device).eval()
+            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
         self.version = 0
         self._shared: IpcSender | None = None
         self._gathered: dict[str, torch.Tensor] = {}  # under FSDP, rank 0: the whole trainable tensors
@@ -224,8 +232,14 @@ class PolicyLearner:
     def update(self, generated: tuple[Rollout, list[str]], rewards: np.ndarray) -> dict:
         rollout, _ = generated
         rewards = np.array(rewards)  # the object store hands out read-only arrays
+        staleness = {"staleness": self.version - rollout.weight_version}
+        if self.critic is not None:  # PPO: every sample counts, advantages per token from the critic
+            every = torch.ones(len(rewards) // self.cfg.group_size, dtype=torch.bool)
+            return rollout_metrics(rollout, rewards, every) | staleness | update_actor_critic(
+                self.trainer, self.optimizer, self.critic, self.critic_optimizer, rollout, torch.as_tensor(rewards),
+                self.cfg, self.ref_model, self.compute_dtype)
         advantages, keep = group_advantages(rewards, self.cfg.group_size, self.cfg.norm_std, self.cfg.filter_groups)
-        metrics = rollout_metrics(rollout, rewards, keep) | {"staleness": self.version - rollout.weight_version}
+        metrics = rollout_metrics(rollout, rewards, keep) | staleness
         if keep.any():  # every rank sees the same rewards, so all ranks take this branch or none
             kept, kept_advantages = rollout.select_groups(keep), advantages[keep.repeat_interleave(self.cfg.group_size)]
             # self.trainer: the DDP-wrapped or FSDP-sharded model on > 1 ranks, the model itself on one
@@ -247,7 +261,10 @@ class PolicyLearner:
         elif self.rank == 0:
             model, optimizer = self.model.state_dict(), self.optimizer.state_dict()
         if self.rank == 0:
-            save_atomic({"model": model, "optimizer": optimizer, "version": self.version, "extra": extra or {}}, path)
+            critic = {} if self.critic is None else {"critic": self.critic.state_dict(),
+                                                     "critic_optimizer": self.critic_optimizer.state_dict()}
+            save_atomic({"model": model, "optimizer": optimizer, "version": self.version, "extra": extra or {},
+                         **critic}, path)
         return path
 
     def load(self, path: str) -> dict:
@@ -263,5 +280,8 @@ class PolicyLearner:
         else:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.version = int(state["version"])
         return dict(state["extra"])

@@ -114,6 +114,8 @@ CASES = [
                  "algo.weight_sync must be one of auto|object_store|broadcast|ipc", id="grpo-unknown-weight-sync"),
     pytest.param(["train", "experiment=grpo_digits", "algo.data_parallel=zero3"],
                  "algo.data_parallel must be one of ddp|fsdp", id="grpo-unknown-data-parallel"),
+    pytest.param(["train", "experiment=ppo_lm_digits", "topology=split_2_1"],
+                 "algo.advantage=gae trains its critic on one learner rank", id="ppo-lm-data-parallel"),
     pytest.param(["train", "experiment=grpo_digits", "algo.weight_sync=ipc"],
                  "algo.weight_sync=ipc needs the learner and the engine on one GPU", id="grpo-ipc-apart"),
     # VLA family
