@@ -7,7 +7,6 @@ import torch
 
 from rlfarm.algos.grpo_trainer import GRPOConfig
 from rlfarm.algos.ppo_lm import last_token, token_gae, whiten
-from rlfarm.models.critic import TokenCritic
 from rlfarm.roles.onpolicy import EngineRole, PolicyLearner, ScorerRole
 
 CFG = GRPOConfig(prompts_per_step=6, group_size=1, filter_groups=False, advantage="gae", minibatches=2, seed=0)
