@@ -30,6 +30,18 @@ def ray_cpu():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_ray_left_behind():
+    """A module that leaves Ray running breaks every later module that starts its own ("ray.init twice"), far
+    from the cause: shut it down here and name the module that leaked it."""
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+        pytest.fail("this test module left Ray running (something called a Ray API outside an actor?)")
+
+
 @pytest.fixture(autouse=True)
 def _restore_thread_settings():
     """Roles built in-process (e.g. the VLA rollout worker) call limit_threads, which sets torch's threads and

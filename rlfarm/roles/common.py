@@ -12,6 +12,8 @@ def assigned_device() -> str:
     """cuda:0 when Ray gave this actor a GPU and CUDA is usable, else cpu (declared GPUs on a CPU machine)."""
     import ray
 
+    if not ray.is_initialized():  # a role built in-process (tests, benches): ray.get_gpu_ids() would start Ray
+        return "cpu"
     if ray.get_gpu_ids() and torch.cuda.is_available():
         return "cuda:0"  # Ray sets CUDA_VISIBLE_DEVICES to the assigned GPUs
     return "cpu"
