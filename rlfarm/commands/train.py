@@ -22,7 +22,9 @@ from rlfarm.topology import PlacedTopology, plan_topology
 log = logging.getLogger("rlfarm")
 
 
-RESUME_OVERRIDABLE = ("total_env_steps", "run", "ray")
+# Keys that only bound or place a run: on resume, the command line may change them (a longer budget, another
+# cluster); everything else comes from the saved config.
+RESUME_OVERRIDABLE = ("total_env_steps", "algo.max_updates", "run", "ray")
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL: "try again": a checkpoint was written, rerun with resume=auto
 
 
@@ -44,7 +46,7 @@ def redirect_resume(args: list[str]) -> list[str]:
 
 def resolve_resume(cfg: DictConfig, run_dir: str) -> tuple[DictConfig, str | None]:
     """(config to run, checkpoint to resume from or None). A resumed run keeps its saved config, except for
-    the keys that only bound or place the run (total_env_steps, run, ray)."""
+    the keys that only bound or place the run (RESUME_OVERRIDABLE)."""
     if cfg.resume is None:
         return cfg, None
     checkpoint = newest_checkpoint(run_dir)
@@ -59,7 +61,7 @@ def resolve_resume(cfg: DictConfig, run_dir: str) -> tuple[DictConfig, str | Non
     # Keys given on this command line that only bound or place the run win over the saved ones.
     for override in HydraConfig.get().overrides.task:
         key = override.split("=", 1)[0].lstrip("+~")
-        if key.split(".")[0] in RESUME_OVERRIDABLE:
+        if any(key == name or key.startswith(name + ".") for name in RESUME_OVERRIDABLE):
             OmegaConf.update(saved, key, OmegaConf.select(cfg, key), force_add=True)
     return saved, str(checkpoint)
 
