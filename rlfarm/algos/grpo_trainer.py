@@ -27,7 +27,7 @@ from rlfarm.distributed import full_value, gradient_sync
 from rlfarm.engines.base import Engine, Rollout, StopIds
 from rlfarm.engines.hf import HFEngine
 from rlfarm.envs.text_tasks import DigitTask
-from rlfarm.models.lm import causal_lm, sequence_logprobs, trainable_state_dict
+from rlfarm.models.lm import autocast_to, causal_lm, sequence_logprobs, trainable_state_dict
 from rlfarm.rewards.verifiers import get_verifier
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
             mask = response_mask[part] * part_weights.unsqueeze(1)
             # DDP / FSDP meet the other ranks once, after the last piece
             with gradient_sync(model, enabled=k == len(pieces) - 1):
-                with torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32):
+                with autocast_to(device, compute_dtype):
                     logprobs = sequence_logprobs(model, input_ids[part], attention_mask[part], response_start,
                                                  rollout.temperature)
                     ref_logprobs = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rlfarm.algos.ppo import gae
+from rlfarm.algos.ppo import gae, masked_mean
 
 
 def last_token(mask: torch.Tensor) -> torch.Tensor:
@@ -39,7 +39,5 @@ def token_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, g
 def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """(x − mean) / std over the real tokens (the PPO baselines' advantage normalization); padding → 0."""
     mask = mask.float()
-    count = mask.sum().clamp(min=1.0)
-    mean = (x * mask).sum() / count
-    var = ((x - mean).pow(2) * mask).sum() / count
-    return (x - mean) * torch.rsqrt(var + eps) * mask
+    mean = masked_mean(x, mask)
+    return (x - mean) * torch.rsqrt(masked_mean((x - mean).pow(2), mask) + eps) * mask

@@ -57,6 +57,11 @@ def compute_dtype(dtype: str, device: torch.device | str) -> torch.dtype:
     return getattr(torch, dtype) if torch.device(device).type == "cuda" else torch.float32
 
 
+def autocast_to(device: torch.device, dtype: torch.dtype):
+    """Forward passes in `dtype` (from `compute_dtype`) under autocast; float32 runs without it."""
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+
 def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The tensors a learner publishes to engines: the trainable ones (LoRA adapters only, under LoRA).
 
