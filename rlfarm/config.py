@@ -1,24 +1,29 @@
-"""Config composition checks that turn Hydra/OmegaConf failures and bad values into one clear line.
+"""Composing conf/ before a run starts, and what Hydra cannot check, each problem as one clear line.
 
-The config itself is plain Hydra: conf/ holds one directory per choice. `preflight` composes it once
-with Hydra's compose API (before any run directory exists) so that an unknown option, an unknown key or
-a bad value fails fast; `validate` checks values that Hydra cannot type-check.
+The config is plain Hydra: conf/ holds one directory per choice, and the schemas in rlfarm/schemas.py type its
+keys, so Hydra refuses a wrong type, choice or key while it composes (`compose` turns its exceptions into a
+ConfigError from their fields) and each schema's `__post_init__` checks ranges (`check_schema_ranges`). `validate`
+adds what no single config group can say: the rules across groups (an algo family and its env, reward, model
+and topology) and the paths a config names (files, model folders, `_target_`s).
 """
 from __future__ import annotations
 
-import ast
 import difflib
 import functools
+import importlib
 import json
 import os
-import re
-import sys
 import tempfile
+import typing
+from dataclasses import is_dataclass
+from enum import Enum
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+import rlfarm.schemas  # noqa: F401 - stores the schemas the conf/ files name in Hydra's ConfigStore
 from rlfarm.errors import ConfigError
+from rlfarm.settings import RangeError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -34,8 +39,11 @@ def compose(config_name: str, overrides: list[str]) -> DictConfig:
 
     GlobalHydra.instance().clear()
     try:
+        check_plus_on_groups(config_name, overrides)
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=False)
+    except ConfigError:
+        raise
     except Exception as error:  # Hydra raises several exception types; each gets translated below
         raise _explain(error) from None
     finally:
@@ -70,72 +78,89 @@ def sweep_variants(overrides: list[str]) -> list[list[str]]:
 
 
 def _explain(error: Exception) -> ConfigError:
-    text = str(error)
-    missing = re.search(r"Could not find '([\w/]+)/([^']+)'", text)
-    if missing:
-        group, option = missing.groups()
+    """Hydra's and OmegaConf's exception as one line with its fix, read from the exception's fields."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    cause = error.__cause__
+    if isinstance(error, MissingConfigException) and error.missing_cfg_file and "/" in error.missing_cfg_file:
+        group, option = error.missing_cfg_file.rsplit("/", 1)
         options = group_options(group)
         close = difflib.get_close_matches(option, options, n=1)
         hint = f"did you mean {group}={close[0]}? " if close else ""
         return ConfigError(f"unknown {group} '{option}'", f"{hint}choose one of: {', '.join(options)}")
-    not_in_struct = re.search(r"Could not override '([^']+)'", text) or re.search(r"Key '([^']+)' is not in struct", text)
-    if not_in_struct:
-        key = not_in_struct.group(1)
-        return ConfigError(f"unknown config key '{key}'",
-                           f"check the spelling (rlfarm train --cfg job lists every key), or add a new key with +{key}=...")
-    chosen = (re.search(r"Multiple values for ([\w/.]+)\.", text)
-              or re.search(r"([\w/.]+) appears more than once in the final defaults list", text))
-    if chosen:
-        group = chosen.group(1)
-        return ConfigError(f"'+{group}=' picks a second {group}, but the config already picks one",
-                           f"drop the '+': {group}=<option>")
-    exists = re.search(r"An item is already at '([^']+)'", text)
-    if exists:
-        key = exists.group(1)
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
+        return ConfigError(f"unknown config key '{cause.full_key}'", "check the spelling (rlfarm train --cfg job lists "
+                           f"every key), or add a new key with +{cause.full_key}=...")
+    if isinstance(cause, ValidationError) and cause.full_key and is_dataclass(cause.object_type):
+        expected, example = _expected(cause.object_type, str(cause.key))
+        return ConfigError(f"{cause.full_key} must be {expected}, got {cause.value!r}",
+                           f"set {cause.full_key}={example}")
+    if isinstance(error, ConfigCompositionException) and "An item is already at" in str(error):  # a '+key' that exists
+        key = str(error).split("'")[1]
         return ConfigError(f"'+{key}' adds a key, but {key} already exists", f"drop the '+': {key}=<value>")
-    override = getattr(error, "override", None)  # hydra.errors.OverrideParseException names the bad override
-    parse_errors = ("mismatched input", "no viable alternative", "extraneous input")
-    if override is not None or any(m in text for m in parse_errors):
-        what = f" '{override}'" if override else ""
-        reason = text.splitlines()[0].replace("LexerNoViableAltException: ", "bad character in ")
-        reason = "no '=' in it" if "missing EQUAL" in text else reason
-        return ConfigError(f"cannot parse override{what}: {reason}",
+    if isinstance(error, OverrideParseException):
+        reason = "no '=' in it" if "missing EQUAL" in error.message else error.message.splitlines()[0]
+        return ConfigError(f"cannot parse override '{error.override}': {reason}",
                            "write key=value, e.g. algo.lr=3e-4 (quote lists: 'model.actor.hidden=[64,64]')")
-    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return ConfigError(f"invalid configuration: {first}", "check the override against `rlfarm train --cfg job`")
 
 
-def _positive(cfg: DictConfig, key: str, kind=float, allow_zero: bool = False) -> None:
-    value = OmegaConf.select(cfg, key)
-    ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is int and ok_type and float(value) != int(value):
-        ok_type = False
-    if not ok_type:
-        raise ConfigError(f"{key} must be {'an integer' if kind is int else 'a number'}, got {value!r}",
-                          f"set {key}=<{'int' if kind is int else 'number'}>")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value}", f"set {key} to a {'non-negative' if allow_zero else 'positive'} value")
+def _expected(schema: type, key: str) -> tuple[str, str]:
+    """(what a value of the schema's field `key` must be, an example of one) from the field's annotation."""
+    hint = typing.get_type_hints(schema).get(key)
+    kinds = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    optional = len(kinds) < len(typing.get_args(hint))
+    kind = kinds[0]
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        shown = "|".join(member.name for member in kind)
+        return f"one of {shown}{'|null' if optional else ''}", shown
+    named = {int: ("an integer", "<int>"), float: ("a number", "<number>"), bool: ("true or false", "true|false"),
+             str: ("a string", "<text>")}
+    expected, example = named.get(kind, (str(kind), "..."))
+    return expected + (" or null" if optional else ""), example
+
+
+def check_plus_on_groups(config_name: str, overrides: list[str]) -> None:
+    """'+group=option' on a group the config already picks. Hydra refuses it too, but not when the option is the
+    one already picked from an option file with its own defaults list (a schema): then the '+' passes unnoticed."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    defaults = OmegaConf.load(CONF_DIR / f"{config_name}.yaml").get("defaults") or []
+    picked = {key for item in defaults if isinstance(item, DictConfig) for key in item}
+    for override in OverridesParser.create().parse_overrides(overrides):
+        group = override.key_or_group
+        if override.is_add() and group in picked and not override.package:
+            raise ConfigError(f"'+{group}=' picks a second {group}, but the config already picks one",
+                              f"drop the '+': {group}=<option>")
+
+
+def check_schema_ranges(cfg: DictConfig, path: str = "") -> None:
+    """Build every schema node into its dataclass, innermost first: their __post_init__ checks the ranges."""
+    for key in cfg:
+        child = cfg.get(key)
+        if isinstance(child, DictConfig):
+            check_schema_ranges(child, f"{path}{key}.")
+    if not is_dataclass(OmegaConf.get_type(cfg)):
+        return
+    try:
+        OmegaConf.to_object(cfg)
+    except RangeError as error:
+        key, choices = f"{path}{error.key}", error.allowed.removeprefix("one of ")
+        raise ConfigError(f"{path}{error}", f"set {key}={choices}" if choices != error.allowed
+                          else f"set {key} to a value {error.allowed}") from None
 
 
 def validate(cfg: DictConfig) -> None:
-    """Value checks Hydra cannot express. Raises ConfigError (one line) on the first problem."""
+    """What the schemas cannot say: the rules across config groups and the paths a config names. Raises
+    ConfigError (one line) on the first problem; imports the `_target_` modules last (they pull torch)."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"{missing[0]} is required but not set", f"pass {missing[0]}=<value> on the command line")
-    _positive(cfg, "total_env_steps", int)
-    _positive(cfg, "seed", int, allow_zero=True)
-    _check_run_and_ray(cfg)
-    check_targets(cfg)
+    check_schema_ranges(cfg)
     check_local_paths(cfg)
     if cfg.algo.family == "offpolicy":
-        for key in ("algo.batch_size", "algo.buffer_size", "algo.chunk_steps", "algo.credits", "algo.publish_every"):
-            _positive(cfg, key, int)
-        _positive(cfg, "algo.learning_starts", int, allow_zero=True)
-        for key in ("algo.lr", "algo.actor_lr", "algo.utd_ratio"):
-            _positive(cfg, key)
-        _positive(cfg, "labeler.bus_items", int)
-        _positive(cfg, "labeler.bus_timeout_s", allow_zero=True)
-        _positive(cfg, "env.num_envs", int)
         check_env_id(str(cfg.env.id))
     if cfg.algo.family == "onpolicy_env":
         check_ppo(cfg)
@@ -143,34 +168,19 @@ def validate(cfg: DictConfig) -> None:
         check_text_policy(cfg)
     if cfg.algo.family == "vla":
         check_vla_policy(cfg)
+    check_targets(cfg)
 
 
 ENV_REWARD = "rlfarm.rewards.env.EnvReward"
 
 
 def check_ppo(cfg: DictConfig) -> None:
-    """PPO on gymnasium envs: the env, its own keys, and the two choices it cannot take from another family."""
+    """PPO on gymnasium envs: a registered env, minibatches its rollouts can fill, and the two choices it cannot
+    take from another family (a reward model, separate critics)."""
     if OmegaConf.select(cfg, "env.task", default=None) is not None:
         raise ConfigError(f"algo={cfg.algo.name} runs on gymnasium envs, but env.id={cfg.env.id} is a text task",
                           "pick env=cartpole|pendulum|halfcheetah, or algo=grpo for text tasks")
     check_env_id(str(cfg.env.id))
-    for key in ("algo.rollout_steps", "algo.epochs", "algo.minibatches", "env.num_envs"):
-        _positive(cfg, key, int)
-    for key in ("algo.lr", "algo.clip_eps", "algo.max_grad_norm"):
-        _positive(cfg, key)
-    for key in ("algo.vf_coef", "algo.ent_coef"):
-        _positive(cfg, key, allow_zero=True)
-    for key in ("algo.value_clip_eps", "algo.target_kl"):
-        _optional_positive(cfg, key)
-    for key in ("algo.gamma", "algo.gae_lambda"):
-        _positive(cfg, key, allow_zero=True)
-        if OmegaConf.select(cfg, key) > 1:
-            raise ConfigError(f"{key} must be in [0, 1], got {OmegaConf.select(cfg, key)}", f"set {key} to e.g. 0.99")
-    _choice(cfg, "algo.anneal_lr", (True, False))
-    _choice(cfg, "algo.norm_adv", (True, False))
-    target = OmegaConf.select(cfg, "algo.target_return", default=None)
-    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
-        raise ConfigError(f"algo.target_return must be a number or null, got {target!r}", "e.g. algo.target_return=400")
     batch = int(cfg.algo.rollout_steps) * int(cfg.env.num_envs)
     if int(cfg.algo.minibatches) > batch:
         raise ConfigError(f"algo.minibatches={cfg.algo.minibatches} is more than the {batch} transitions a runner "
@@ -196,11 +206,6 @@ def check_vla_policy(cfg: DictConfig) -> None:
                           "set model.source=<a folder written by save_pretrained: model, tokenizer>")
 
 
-# learner → engine: auto picks ipc (one GPU), broadcast (separate GPUs) or object_store (CPU); `rlfarm.sync`
-WEIGHT_SYNCS = ("auto", "object_store", "broadcast", "ipc")
-DATA_PARALLEL = ("ddp", "fsdp")  # rlfarm.distributed.DATA_PARALLEL (not imported: no torch before the run starts)
-
-
 def check_text_policy(cfg: DictConfig) -> None:
     """GRPO on text: a text task, a verifier to score it, one language model (built or loaded), and for a
     prompt file a tokenizer and a readable file with the named fields — all before Ray starts."""
@@ -223,9 +228,6 @@ def check_text_policy(cfg: DictConfig) -> None:
     if source is not None and _looks_local(str(source)) and not os.path.isdir(os.path.expanduser(str(source))):
         raise ConfigError(f"model.source: no such folder '{source}'",
                           "set model.source=<a folder written by save_pretrained> or a hub id like Qwen/Qwen2.5-0.5B")
-    _choice(cfg, "algo.weight_sync", WEIGHT_SYNCS)
-    _choice(cfg, "algo.data_parallel", DATA_PARALLEL)
-    _choice(cfg, "algo.advantage", ("grpo", "gae"))
     learner = cfg.topology.roles.learner
     if cfg.algo.advantage == "gae" and (int(learner.get("count", 1)) > 1 or float(learner.get("gpus", 0)) > 1):
         raise ConfigError(f"algo.advantage=gae trains its critic on one learner rank, but topology={cfg.topology.name} "
@@ -288,35 +290,7 @@ def check_env_id(env_id: str) -> None:
                       f"{hint}use env=pendulum|halfcheetah or env.id=<a registered gymnasium id>")
 
 
-def _optional_positive(cfg: DictConfig, key: str, kind=float, allow_zero: bool = False) -> None:
-    if OmegaConf.select(cfg, key, default=None) is not None:
-        _positive(cfg, key, kind, allow_zero)
-
-
-def _choice(cfg: DictConfig, key: str, allowed: tuple) -> None:
-    value = OmegaConf.select(cfg, key, default=None)
-    if not any(value is a if isinstance(a, bool) else value == a for a in allowed):
-        shown = "|".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
-        raise ConfigError(f"{key} must be one of {shown}, got {value!r}", f"set {key}={shown}")
-
-
-def _check_run_and_ray(cfg: DictConfig) -> None:
-    """Keys that otherwise fail deep inside a run (or are silently ignored) after minutes of work."""
-    if OmegaConf.select(cfg, "run", default=None) is not None:
-        _choice(cfg, "run.live", ("auto", True, False))
-        _choice(cfg, "run.checkpoint", (True, False))
-        _positive(cfg, "run.metrics_interval_s")
-        _optional_positive(cfg, "run.max_wall_s")
-        _optional_positive(cfg, "run.max_restarts", int, allow_zero=True)
-        _optional_positive(cfg, "run.restart_timeout_s")
-    if OmegaConf.select(cfg, "ray", default=None) is not None:
-        _choice(cfg, "ray.dashboard", (True, False))
-        _optional_positive(cfg, "ray.num_cpus")
-        _optional_positive(cfg, "ray.num_gpus", int, allow_zero=True)
-        _positive(cfg, "ray.ready_timeout_s")
-
-
-# ---- _target_ nodes: checked without importing them (importing rlfarm.rewards alone pulls torch: seconds)
+# ---- _target_ nodes: imported as instantiate would (the run imports them next anyway)
 
 
 def check_targets(cfg: DictConfig) -> None:
@@ -346,85 +320,30 @@ def _targets(node, path: str):
 
 @functools.lru_cache(maxsize=None)
 def locate_problem(target: str) -> str | None:
-    """Why `target` (a dotted module.attr path) cannot be located, or None when it can (or cannot be told
-    without importing it). Mirrors hydra.utils' _locate: the longest importable module prefix, then attributes.
-    Modules are found, not run: their source is parsed for top-level names."""
-    import importlib.util
-    from importlib.machinery import PathFinder
-
+    """Why `target` (a dotted module.attr path) cannot be located, or None when it can: the longest importable
+    module prefix, then attributes, as hydra.utils.get_object does, with a close name when one is missing."""
     parts = target.split(".")
     if not all(part.isidentifier() for part in parts):
         return "is not a dotted Python path like package.module.Class"
-    spec, depth = None, 0
-    for depth in range(1, len(parts) + 1):
-        name = ".".join(parts[:depth])
-        module = sys.modules.get(name)
-        if module is not None:
-            found = getattr(module, "__spec__", None)
-        elif spec is None:
-            try:
-                found = importlib.util.find_spec(name)  # a top-level name: finding it runs nothing
-            except (ImportError, ValueError):
-                found = None
-        elif spec.submodule_search_locations:
-            found = PathFinder.find_spec(name, list(spec.submodule_search_locations))
-        else:
-            found = None
-        if found is None:
-            if spec is None:
-                return f"cannot be imported: no module named '{name}'"
-            depth -= 1
+    for depth in range(len(parts), 0, -1):
+        module_name = ".".join(parts[:depth])
+        try:
+            found = importlib.import_module(module_name)
             break
-        spec = found
-    module_name = ".".join(parts[:depth])
-    if depth == len(parts):
-        return None
-    attr = parts[depth]
-    module = sys.modules.get(module_name)
-    if module is not None:
-        names = set(dir(module))
+        except ModuleNotFoundError as error:
+            if error.name is None or not (module_name + ".").startswith(error.name + "."):
+                return f"cannot be imported: {error}"  # the module exists; something it imports does not
+        except Exception as error:
+            return f"cannot be imported: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     else:
-        names = _top_level_names(spec.origin)
-        if names is None:
-            return None  # compiled module, star import or module __getattr__: only importing would tell
-    if attr in names:
-        return None
-    close = difflib.get_close_matches(attr, sorted(n for n in names if not n.startswith("_")), n=1)
-    hint = f" (did you mean {module_name}.{close[0]}?)" if close else ""
-    return f"cannot be imported: module '{module_name}' has no '{attr}'{hint}"
-
-
-@functools.lru_cache(maxsize=None)
-def _top_level_names(origin: str | None) -> frozenset[str] | None:
-    if not origin or not origin.endswith(".py"):
-        return None
-    try:
-        source = Path(origin).read_text(encoding="utf-8")
-        tree = ast.parse(source, filename=origin)
-    except (OSError, SyntaxError, UnicodeDecodeError):
-        return None
-    if "globals()" in source:  # names made at import time: only importing would tell
-        return None
-    names: set[str] = set()
-    pending = list(tree.body)
-    while pending:
-        stmt = pending.pop()
-        if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            if stmt.name == "__getattr__":
-                return None
-            names.add(stmt.name)
-        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
-            for alias in stmt.names:
-                if alias.name == "*":
-                    return None
-                names.add(alias.asname or alias.name.split(".")[0])
-        elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
-        elif isinstance(stmt, (ast.If, ast.Try, ast.With)):  # conditional definitions count
-            pending += [*stmt.body, *getattr(stmt, "orelse", []), *getattr(stmt, "finalbody", []),
-                        *(s for h in getattr(stmt, "handlers", []) for s in h.body)]
-    return None if "__getattr__" in names else frozenset(names)  # e.g. lazy_loader.attach(...)
+        return f"cannot be imported: no module named '{parts[0]}'"
+    for attr in parts[depth:]:
+        if not hasattr(found, attr):
+            close = difflib.get_close_matches(attr, sorted(n for n in dir(found) if not n.startswith("_")), n=1)
+            hint = f" (did you mean {module_name}.{close[0]}?)" if close else ""
+            return f"cannot be imported: module '{module_name}' has no '{attr}'{hint}"
+        found, module_name = getattr(found, attr), f"{module_name}.{attr}"
+    return None
 
 
 # ---- paths the user names: checked here rather than where a labeler or Hydra first opens them

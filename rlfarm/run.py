@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.telemetry.metrics import MetricsLogger
-from rlfarm.telemetry.wandb_sink import wandb_options
+from rlfarm.telemetry.sinks import build_sinks
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -30,21 +30,14 @@ class Run:
         self.checkpoint_dir = self.dir / "checkpoints"
         self.checkpoint_dir.mkdir(exist_ok=True)
         (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        self._wandb = wandb_options(cfg)
         self.step_key = step_key
-        self.metrics = MetricsLogger(self.dir, tensorboard=bool(cfg.logger.tensorboard), wandb=self._wandb,
-                                     step_key=step_key)
+        # the sinks first: a missing W&B package must fail before metrics.jsonl exists, so the run dir is discarded
+        self.metrics = MetricsLogger(self.dir, build_sinks(self.dir, cfg, step_key), step_key)
 
     def truncate_metrics(self, after_step: int) -> None:
         """On resume: drop rows logged after the checkpoint (their step, `step_key`, is past `after_step`),
         so steps never repeat in metrics.jsonl."""
-        self.metrics.close()
-        path = self.dir / "metrics.jsonl"
-        kept = [line for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get(self.step_key, 0) <= after_step]
-        path.write_text("".join(line + "\n" for line in kept))
-        self.metrics = MetricsLogger(self.dir, tensorboard=self.metrics.tb is not None, step_key=self.step_key,
-                                     wandb=self._wandb)
+        self.metrics.truncate(after_step)
 
     def log(self, row: dict) -> None:
         self.metrics.log(row)

@@ -99,9 +99,6 @@ def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
         if count != int(count) or (single and count != 1):
             raise TopologyError(f"topology.roles.{role}.count must be a whole number{' equal to 1' if single else ''}, got {count:g}",
                                 f"set topology.roles.{role}.count={'1' if single else '<int>'}")
-        if count < 1:
-            raise TopologyError(f"topology.roles.{role}.count must be at least 1, got {int(count)}",
-                                f"set topology.roles.{role}.count=1 or more")
         cpus = _role_field(role, spec, "cpus", 1, float)
         gpus = _role_field(role, spec, "gpus", 0, float)
         threads = int(_role_field(role, spec, "threads", 1, float)) or 1

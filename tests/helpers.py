@@ -1,9 +1,16 @@
-"""Shared by CLI-level tests: run `rlfarm` in a subprocess as a user does, and read its one-line errors."""
+"""Shared by the tests that run `rlfarm` as a user does (a subprocess) and read the run directory it wrote."""
+import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+
+# A SAC run small enough for a smoke test: tiny networks and batches, learning starts early.
+TINY_SAC = ["algo.learning_starts=200", "algo.batch_size=32", "algo.chunk_steps=16",
+            "model.actor.hidden=[32,32]", "model.critic.hidden=[32,32]"]
 
 
 def rlfarm(*args, cwd=None, timeout=600):
@@ -11,7 +18,41 @@ def rlfarm(*args, cwd=None, timeout=600):
                           timeout=timeout, cwd=cwd, env=ENV)
 
 
+def train(run_dir, *overrides, timeout=600):
+    """`rlfarm train` into `run_dir`, without the live view."""
+    return rlfarm("train", f"hydra.run.dir={run_dir}", "run.live=false", *overrides, timeout=timeout)
+
+
+def start_train(run_dir, *overrides) -> subprocess.Popen:
+    """`rlfarm train` in the background (its own session, so a test can signal it and its children)."""
+    return subprocess.Popen([sys.executable, "-m", "rlfarm.cli", "train", f"hydra.run.dir={run_dir}",
+                             "run.live=false", *overrides], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV, start_new_session=True)
+
+
 def one_line_error(out) -> str:
     lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
     assert out.returncode == 2 and len(lines) == 1, (out.returncode, out.stderr[-2000:])
     return lines[0]
+
+
+def read_summary(run_dir) -> dict:
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def metrics_rows(run_dir) -> list[dict]:
+    """metrics.jsonl as rows; a line still being written (no closing brace yet) is left out."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
+
+
+def wait_for(predicate, timeout: float, every: float = 0.1) -> bool:
+    """Poll `predicate` until it holds (True) or `timeout` seconds pass (False): no fixed sleeps in tests."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every)
+    return False

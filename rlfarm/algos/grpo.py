@@ -6,10 +6,12 @@ rewards come as [B*G] or [B, G] and per-token tensors as [B*G, T] with a respons
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 from rlfarm.algos.ppo import clipped_surrogate, masked_mean
-from rlfarm.algos.registry import register_advantage
 
 
 def _as_groups(rewards: torch.Tensor, group_size: int | None) -> torch.Tensor:
@@ -23,7 +25,6 @@ def _as_groups(rewards: torch.Tensor, group_size: int | None) -> torch.Tensor:
     return rewards.float()
 
 
-@register_advantage("grpo")
 def grpo_advantages(rewards: torch.Tensor, group_size: int | None = None, eps: float = 1e-6,
                     norm_std: bool = True) -> torch.Tensor:
     """Outcome advantage of each sample relative to its group (DeepSeekMath §4.1.2):
@@ -41,7 +42,6 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int | None = None, eps: f
     return advantages.view(rewards.shape)
 
 
-@register_advantage("rloo")
 def rloo_advantages(rewards: torch.Tensor, group_size: int | None = None) -> torch.Tensor:
     """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740): baseline = mean of the others,
 
@@ -101,3 +101,14 @@ def keep_groups(rewards: torch.Tensor, low: float = 0.0, high: float = 1.0) -> t
     accuracy = rewards.float().mean(dim=1)
     varies = rewards.amax(dim=1) > rewards.amin(dim=1)
     return (accuracy > low) & (accuracy < high) & varies
+
+
+def group_advantages(rewards: np.ndarray | torch.Tensor, group_size: int, norm_std: bool = True,
+                     filter_groups: bool = True, low: float = -math.inf, high: float = math.inf
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages [N], keep [N // group_size]) of rewards [N], prompt-major: GRPO advantages, and which groups
+    pass `keep_groups(low, high)` (all of them without filter_groups). The default bounds are unbounded: rewards
+    may be on any scale, and a group then only needs rewards that differ."""
+    groups = torch.as_tensor(rewards, dtype=torch.float32).view(-1, group_size)
+    keep = keep_groups(groups, low, high) if filter_groups else torch.ones(len(groups), dtype=torch.bool)
+    return grpo_advantages(groups, norm_std=norm_std).view(-1), keep

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from rlfarm.algos.registry import register_advantage
-
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None, count: float | torch.Tensor | None = None
                 ) -> torch.Tensor:
@@ -25,7 +23,6 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None, count: float 
     return total / (mask.sum().clamp(min=1.0) if count is None else count)
 
 
-@register_advantage("gae")
 def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminated: torch.Tensor,
         truncated: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimation over a time-major rollout.

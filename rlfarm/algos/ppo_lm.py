@@ -1,15 +1,26 @@
 """Token-level PPO for language-model policies (the RLHF recipe of Ouyang et al. 2022, arXiv:2203.02155, without
 the reward model's training): each response token is an action, the verifier's reward arrives at the last one,
 and a critic's value of every prefix turns it into per-token advantages by GAE (`rlfarm.algos.ppo.gae`).
-Pure functions of tensors; the update that uses them is `rlfarm.algos.ppo_lm_trainer`.
+One update on one scored rollout, as the learner role runs it (`rlfarm.roles.value_critic` holds the critic):
 
+    `value_targets` (critic values of every response prefix → `token_gae` → whitened advantages) →
+    `cfg.minibatches` clipped policy steps (`grpo_lm.update_policy`, the same token-level loss, per-token
+    advantages) → `update_critic` (as many clipped value steps on the critic).
+
+One learner rank (no data parallelism for the critic yet: preflight refuses a multi-GPU learner for ppo_lm).
 Shapes: B responses of up to T tokens, right-padded; `mask` [B, T] marks the real tokens (a prefix of each row).
 """
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
-from rlfarm.algos.ppo import gae, masked_mean
+import torch
+from torch import nn
+
+from rlfarm.algos.grpo_lm import GRPOConfig
+from rlfarm.algos.ppo import gae, masked_mean, value_loss
+from rlfarm.data import Rollout
+from rlfarm.models.lm import autocast_to
 
 
 def last_token(mask: torch.Tensor) -> torch.Tensor:
@@ -41,3 +52,66 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tens
     mask = mask.float()
     mean = masked_mean(x, mask)
     return (x - mean) * torch.rsqrt(masked_mean((x - mean).pow(2), mask) + eps) * mask
+
+
+@dataclass(frozen=True)
+class ValueTargets:
+    """One rollout as the critic valued it before the update: what the policy steps take (`advantages`, whitened
+    [B, T]) and what the value steps fit (`returns` [B, T], clipped around `values` [B, T]). `inputs`:
+    (input_ids, attention_mask, response_start), the rollout's prompts + responses on the critic's device."""
+    inputs: tuple[torch.Tensor, torch.Tensor, int]
+    mask: torch.Tensor
+    values: torch.Tensor
+    returns: torch.Tensor
+    advantages: torch.Tensor
+
+
+@torch.no_grad()
+def critic_values(critic: nn.Module, inputs: tuple[torch.Tensor, torch.Tensor, int], micro_batch_size: int | None,
+                  compute_dtype: torch.dtype) -> torch.Tensor:
+    """V [B, T] of the rollout's response prefixes, in micro-batches (`inputs` as `ValueTargets` holds them)."""
+    input_ids, attention_mask, response_start = inputs
+    step = micro_batch_size or len(input_ids)
+    with autocast_to(input_ids.device, compute_dtype):
+        return torch.cat([critic(input_ids[i:i + step], attention_mask[i:i + step], response_start)
+                          for i in range(0, len(input_ids), step)])
+
+
+def value_targets(critic: nn.Module, rollout: Rollout, rewards: torch.Tensor, cfg: GRPOConfig,
+                  compute_dtype: torch.dtype = torch.float32) -> ValueTargets:
+    """The critic's values of a rollout with sequence rewards [B], and the GAE advantages and returns they give."""
+    device = next(critic.parameters()).device
+    mask = rollout.response_mask.to(device)
+    inputs = (rollout.input_ids().to(device), rollout.attention_mask().to(device), rollout.prompt_ids.shape[1])
+    values = critic_values(critic, inputs, cfg.micro_batch_size, compute_dtype)
+    advantages, returns = token_gae(rewards.to(device), values, mask, cfg.gamma, cfg.gae_lambda)
+    return ValueTargets(inputs, mask, values, returns, whiten(advantages, mask))
+
+
+def update_critic(critic: nn.Module, optimizer: torch.optim.Optimizer, targets: ValueTargets, cfg: GRPOConfig,
+                  compute_dtype: torch.dtype = torch.float32) -> dict[str, float]:
+    """`cfg.minibatches` steps of the clipped value loss (each a token mean over its minibatch, micro-batches
+    sharing the minibatch's token count as denominator, as the policy's). Returns the mean value loss and how
+    the values taken before the steps compare with the returns."""
+    input_ids, attention_mask, start = targets.inputs
+    mask, old_values, returns = targets.mask, targets.values, targets.returns
+    device = old_values.device
+    critic.train()
+    total = 0.0
+    for rows in torch.randperm(len(input_ids), device=device).chunk(cfg.minibatches):
+        num_tokens = mask[rows].sum().float()
+        optimizer.zero_grad(set_to_none=True)
+        for part in rows.split(cfg.micro_batch_size or len(rows)):
+            with autocast_to(device, compute_dtype):
+                values = critic(input_ids[part], attention_mask[part], start)
+            loss = value_loss(values, old_values[part], returns[part], mask[part], cfg.value_clip, count=num_tokens)
+            loss.backward()
+            total += float(loss.detach()) / cfg.minibatches
+        torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+    critic.eval()
+    # how far the critic's values were from the returns it is fit to (explained variance is ill-defined once
+    # every sample earns the same reward, as a solved task's do)
+    value_rmse = masked_mean((returns - old_values).pow(2), mask).sqrt()
+    return {"value_loss": total, "value_mean": float(masked_mean(old_values, mask)),
+            "return_mean": float(masked_mean(returns, mask)), "value_rmse": float(value_rmse)}

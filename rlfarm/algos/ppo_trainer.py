@@ -19,6 +19,7 @@ from torch import nn
 
 from rlfarm.algos.ppo import approx_kl, clip_fraction, gae, policy_loss, value_loss
 from rlfarm.buffers.rollout import EnvRollout
+from rlfarm.settings import check_ranges, known_fields
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,13 @@ class PPOConfig:
     norm_adv: bool = True          # advantages normalized per minibatch
     target_kl: float | None = None  # stop the epochs early once the approximate KL passes this
 
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
     @classmethod
     def from_mapping(cls, values: Mapping) -> "PPOConfig":
         """The PPO fields of an algo config (other keys, e.g. rollout_steps, belong to the loop)."""
-        return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
+        return cls(**known_fields(cls, values))
 
 
 def advantages_and_returns(rollout: dict[str, torch.Tensor], gamma: float, lam: float

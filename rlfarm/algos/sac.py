@@ -41,7 +41,7 @@ def temperature_loss(log_alpha: torch.Tensor, logp: torch.Tensor, target_entropy
 
 
 def _adam(params, lr: float) -> torch.optim.Adam:
-    # The fused kernel updates all tensors in one pass: ~12% more SAC updates/s on a CPU core than foreach.
+    # The fused kernel updates all tensors in one pass: more SAC updates/s on a CPU core than foreach.
     return torch.optim.Adam(params, lr=lr, fused=True)
 
 
@@ -56,7 +56,7 @@ class SACAgent:
                  lr: float = 1e-3, actor_lr: float | None = None, critic_lr: float | None = None,
                  alpha_lr: float | None = None, gamma: float = 0.99, tau: float = 0.005,
                  init_alpha: float = 1.0, autotune: bool = True, target_entropy: float | None = None,
-                 policy_frequency: int = 2, device: str = "cpu", graph_updates: int = 0, compile: bool = False):
+                 policy_frequency: int = 2, device: str = "cpu"):
         self.device = torch.device(device)
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.gamma, self.tau, self.policy_frequency, self.autotune = gamma, tau, policy_frequency, autotune
@@ -70,10 +70,6 @@ class SACAgent:
         self.log_alpha = torch.tensor(float(np.log(init_alpha)), device=self.device, requires_grad=True)
         self.alpha_optim = _adam([self.log_alpha], alpha_lr or lr)
         self.updates = 0
-        # graph_updates=K > 0: update_from_storage runs K updates per CUDA-graph replay (rlfarm/algos/sac_graph.py),
-        # with the losses torch.compile'd first when `compile`; 0 keeps every update eager.
-        self.graph_updates, self.compile = int(graph_updates), bool(compile)
-        self._fast = None  # (storage identity, runner, fill count): built on first use, dropped by load_state_dict
 
     @property
     def alpha(self) -> torch.Tensor:
@@ -90,37 +86,6 @@ class SACAgent:
         self.updates += 1
         metrics["alpha"] = self.alpha
         return metrics
-
-    def update_from_storage(self, storage, batch_size: int, count: int) -> dict[str, torch.Tensor]:
-        """`count` updates on uniform batches of `batch_size` rows from `storage` (a TensorStorage on this
-        agent's device: `.fields`, `.gather`, `len()`). With graph_updates=K, whole groups of K updates run as
-        one CUDA-graph replay each (stepped in Python on CPU); the rest, and all with K=0, run one by one.
-        Returns the last update's metrics (on CUDA the fast path's are overwritten by its next call)."""
-        metrics: dict[str, torch.Tensor] = {}
-        done = 0
-        while done < count:
-            if self.graph_updates and count - done >= self.graph_updates and self.updates % self.policy_frequency == 0:
-                metrics = self._fast_updates(storage, batch_size)()
-                done += self.graph_updates
-            else:
-                index = torch.randint(0, len(storage), (batch_size,), device=self.device)
-                metrics = self.update(storage.gather(index))
-                done += 1
-        return metrics
-
-    def _fast_updates(self, storage, batch_size: int):
-        from rlfarm.algos.sac_graph import GraphedSACUpdates, SACStep, replay_draw  # it imports this module
-
-        identity = (tuple(field.data_ptr() for field in storage.fields.values()), batch_size)
-        if self._fast is None or self._fast[0] != identity:  # a graph reads fixed addresses: new storage, new graph
-            fill = torch.zeros((), dtype=torch.float64, device=self.device)
-            step = SACStep(self, compile=self.compile and self.device.type == "cuda")
-            runner = GraphedSACUpdates(step, replay_draw(storage.fields, fill, batch_size, self.graph_updates, self),
-                                       self.graph_updates)
-            self._fast = (identity, runner, fill)
-        _, runner, fill = self._fast
-        fill.fill_(len(storage))
-        return runner
 
     def _update_critic(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         with torch.no_grad():
@@ -176,4 +141,3 @@ class SACAgent:
         self.critic_optim.load_state_dict(state["critic_optim"])
         self.alpha_optim.load_state_dict(state["alpha_optim"])
         self.updates = int(state["updates"])
-        self._fast = None  # the optimizers' state tensors are new: a captured graph would update the old ones

@@ -1,12 +1,12 @@
 """Fast SAC updates: several updates per call, captured whole (sampling included) in one CUDA graph.
 
-Why: at batch 256 with 256×2 MLPs one SAC update is ~190 tiny kernels. Launched one by one from Python the
-GPU mostly waits for the launcher (137 updates/s eager on an H100). Here the kernels of `updates_per_call`
+Why: at batch 256 with 256×2 MLPs one SAC update is a couple of hundred tiny kernels. Launched one by one from
+Python the GPU mostly waits for the launcher. Here the kernels of `updates_per_call`
 updates — drawing the batch indices and the actor's noise on the device, gathering from the GPU-resident
 replay storage, critic, actor and temperature losses, backward passes, capturable Adam, Polyak averaging —
 are recorded once and replayed with one launch; with `compile=True` torch.compile (inductor) first fuses the
 losses' forward and backward passes, the Adam steps and the Polyak update into fewer, wider kernels
-(docs/benchmarks.md: ~4,000 updates/s on an H200, 22-26× eager; the float32 GEMMs are then two thirds of it).
+(docs/benchmarks.md has the speeds).
 
 The math is SACAgent's own (rlfarm/algos/sac.py): the same loss functions, the same schedule (critic every
 update; `policy_frequency` actor and temperature steps every `policy_frequency` updates; Polyak every
@@ -19,6 +19,10 @@ keep working on the same agent. Three differences make it capturable and testabl
 - on CUDA the optimizers run with capturable=True (the same Adam, its step count on the device); compiled,
   they also run in Adam's foreach form (see SACStep), which inductor fuses into kernels that fill the GPU.
 On CPU nothing is captured or compiled: the same steps run in Python, so CI exercises the same code.
+
+`ReplayUpdates` is what the SAC learner role (rlfarm/roles/sac_learner.py) holds on CUDA: it draws through the
+replay buffer's sampler (`sample_into`, capturable) and mixes graph replays with eager updates as the count and
+the actor's schedule allow. The agent knows nothing of graphs.
 """
 from __future__ import annotations
 
@@ -70,9 +74,9 @@ class SACStep:
             self.actor_objective = compiled(self._actor_objective)
         if compile if compile_optimizers is None else compile_optimizers:
             # Fused Adam and foreach lerp run as multi_tensor_apply kernels that give each block 65,536
-            # elements: for these ~10^5-parameter networks that is 2-3 blocks on a 132-SM GPU, ~35 µs a step
-            # (a third of an update, measured). The same Adam (foreach form, its state unchanged) compiled by
-            # inductor spreads over the whole GPU.
+            # elements: for these ~10^5-parameter networks that is 2-3 blocks on a 132-SM GPU, which leaves most
+            # of it idle (docs/benchmarks.md, P3, has the time it costs). The same Adam (foreach form, its state
+            # unchanged) compiled by inductor spreads over the whole GPU.
             for optimizer in (agent.critic_optim, agent.actor_optim, agent.alpha_optim):
                 for group in optimizer.param_groups:
                     group["fused"], group["foreach"] = False, True
@@ -218,17 +222,16 @@ def mutable_state(agent: SACAgent) -> list[torch.Tensor]:
     return tensors
 
 
-def replay_draw(fields: Batch, size: torch.Tensor, batch_size: int, updates: int, agent: SACAgent) -> Draw:
-    """Draw for `updates` updates from a replay storage's field tensors ([capacity, ...] each, on the device),
-    of which the first `size` rows are filled (`size` a 0-d float64 tensor on the device, updated in place
-    by the caller as the buffer grows): uniform indices with replacement and the actor's noise, in two
-    kernels, then one gather per field. No host sync: it can run inside a CUDA graph."""
-    noise_shape = (updates, 1 + agent.policy_frequency, batch_size, agent.act_dim)
+def replay_draw(buffer, size: torch.Tensor, updates: int, agent: SACAgent) -> Draw:
+    """Draw for `updates` updates from a replay buffer on the agent's device (`storage.gather`, `sampler`), of
+    which the first `size` rows are filled (`size` a 0-d float64 tensor on the device, updated in place by the
+    caller as the buffer grows): the sampler's indices [updates, batch_size] and the actor's noise, then one
+    gather per field. No host sync: it can run inside a CUDA graph."""
+    index = torch.zeros(updates, buffer.sampler.batch_size, dtype=torch.long, device=size.device)
+    noise_shape = (updates, 1 + agent.policy_frequency, buffer.sampler.batch_size, agent.act_dim)
 
     def draw() -> tuple[Batch, torch.Tensor]:
-        # float64 uniforms: exact enough to index buffers of millions of rows without bias.
-        index = (torch.rand(updates, batch_size, dtype=torch.float64, device=size.device) * size).long()
-        batches = {name: field[index] for name, field in fields.items()}
+        batches = buffer.storage.gather(buffer.sampler.sample_into(index, size))
         return batches, torch.randn(noise_shape, device=size.device)
     return draw
 
@@ -236,3 +239,48 @@ def replay_draw(fields: Batch, size: torch.Tensor, batch_size: int, updates: int
 def fixed_draw(batches: Batch, noise: torch.Tensor) -> Draw:
     """Always these tensors (the caller may refill them in place between calls): for tests and fixed batches."""
     return lambda: (batches, noise)
+
+
+class ReplayUpdates:
+    """`count` SAC updates of `agent` on batches from `buffer` (a ReplayBuffer on the agent's device) per call:
+    groups of `graph_updates` updates as one GraphedSACUpdates call each (one CUDA-graph replay on CUDA, the
+    losses torch.compile'd first when `compile`), wherever the count and the actor's schedule allow; the rest
+    one by one, `agent.update(buffer.sample())`. Returns the last update's metrics (a replay's are overwritten
+    by the next replay: read them before calling again).
+
+    A graph reads fixed addresses: it is rebuilt when the storage's tensors move (first fill, a restored
+    buffer); `reset()` drops it when the agent's state was restored (new optimizer state tensors)."""
+
+    def __init__(self, agent: SACAgent, buffer, graph_updates: int, compile: bool = False):
+        if graph_updates < 1:
+            raise ValueError(f"graph_updates must be positive, got {graph_updates}")
+        self.agent, self.buffer, self.graph_updates = agent, buffer, int(graph_updates)
+        self.compile = compile and agent.device.type == "cuda"
+        self._graphed: tuple | None = None  # (storage identity, GraphedSACUpdates, fill count)
+
+    def __call__(self, count: int) -> dict[str, torch.Tensor]:
+        agent, metrics, done = self.agent, {}, 0
+        while done < count:
+            if count - done >= self.graph_updates and agent.updates % agent.policy_frequency == 0:
+                metrics = self._graph_call()()
+                done += self.graph_updates
+            else:
+                metrics = agent.update(self.buffer.sample())
+                done += 1
+        return metrics
+
+    def reset(self) -> None:
+        self._graphed = None
+
+    def _graph_call(self) -> GraphedSACUpdates:
+        storage = self.buffer.storage
+        identity = tuple(field.data_ptr() for field in storage.fields.values())
+        if self._graphed is None or self._graphed[0] != identity:
+            fill = torch.zeros((), dtype=torch.float64, device=self.agent.device)
+            runner = GraphedSACUpdates(SACStep(self.agent, compile=self.compile),
+                                       replay_draw(self.buffer, fill, self.graph_updates, self.agent),
+                                       self.graph_updates)
+            self._graphed = (identity, runner, fill)
+        _, runner, fill = self._graphed
+        fill.fill_(len(storage))
+        return runner

@@ -1,8 +1,8 @@
 """What the farm benches (labeler, pipeline) share: a stand-in runner that can outrun any labeler, a sink that
-acks at once, the real Learner as the sink of labeled chunks, placement through the real topology code, and
+acks at once, the real SACLearner as the sink of labeled chunks, placement through the real topology code, and
 rates read from the roles' own counters over a steady window.
 
-The roles themselves (Labeler, Learner, EnvRunner) are used as they are, as Ray actors started the way
+The roles themselves (Labeler, SACLearner, EnvRunner) are used as they are, as Ray actors started the way
 rlfarm/loops/roles.py starts them; only what stands in for a stage that is *not* being measured lives here.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import ray
 from omegaconf import OmegaConf
 
 from rlfarm.config import CONF_DIR
-from rlfarm.roles.learner import Learner
+from rlfarm.roles.sac_learner import SACLearner
 from rlfarm.topology import PlacedTopology, Placement, Plan, check_cluster, plan_topology
 
 CONCURRENCY = 8  # threaded actors, as in rlfarm/loops/roles.py: the run loop takes one thread, peers' calls the rest
@@ -52,7 +52,7 @@ class ChunkProducer:
     def set_labelers(self, labelers: list) -> None:
         self.labelers = list(labelers)
 
-    def set_weights(self, version: int, ref_box: list) -> None:
+    def set_weights(self, published: tuple[list, int]) -> None:
         """The learner publishes weights to its runners; nothing acts on them here."""
 
     def ack(self, seqs: list[int]) -> None:
@@ -174,7 +174,7 @@ def placed(topology: dict) -> Iterator[tuple[Plan, Placed]]:
 
 
 def store_only_learner_args(spaces: dict, seed: int = 0) -> tuple:
-    """Arguments of a real Learner (SAC, conf/algo/sac.yaml + conf/model/mlp.yaml) that stores, de-duplicates
+    """Arguments of a real SACLearner (SAC, conf/algo/sac.yaml + conf/model/mlp.yaml) that stores, de-duplicates
     and acks every chunk but never updates: learning starts at a step no bench reaches, so the learner is the
     farm's sink and never its bottleneck (its update speed is `rlfarm bench learner`'s subject)."""
     algo = OmegaConf.load(CONF_DIR / "algo" / "sac.yaml")
@@ -190,7 +190,7 @@ def box_spaces(obs_dim: int, act_dim: int) -> dict:
 
 def start_learner(phase: Placed, plan: Plan, spaces: dict):
     (place,) = plan.of("learner")
-    return phase.start(Learner, place, *store_only_learner_args(spaces))
+    return phase.start(SACLearner, place, *store_only_learner_args(spaces))
 
 
 def assigned_gpus(actor) -> list[int]:

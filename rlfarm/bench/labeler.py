@@ -6,7 +6,7 @@ A CLIP-style image tower (clip_factory shapes, random weights; bf16 + torch.comp
   same call a labeler makes, with nothing around it);
 - inline: one call per transition (batch 1), which is what labeling inside the env loop would cost;
 - farm: producer actors put chunks of frames in the object store → Labeler actors (bus of `batch` frames) →
-  the real Learner, which stores and acks them; img/s counted at the learner over a steady window.
+  the real SACLearner, which stores and acks them; img/s counted at the learner over a steady window.
 The producers are pre-rendered random frames, not envs, so they outrun the labelers (their own rate, against
 an instant ack, is the first row) and the figure is the farm's. The farm may span several GPUs: its row is
 per GPU, next to the direct figure of one GPU.
@@ -137,7 +137,7 @@ def producers_alone(size: DictConfig, topology: dict, side: int) -> dict:
 
 
 def farm_rate(reward_cfg: dict, size: DictConfig, topology: dict, side: int) -> dict:
-    """Producers → Labelers (the real role, bus of `size.batch`) → the real Learner; img/s stored."""
+    """Producers → Labelers (the real role, bus of `size.batch`) → the real SACLearner; img/s stored."""
     with placed(topology) as (plan, phase):
         labelers = [phase.start(Labeler, p, p.index, reward_cfg, int(size.batch), float(size.bus_timeout_s),
                                 p.threads) for p in plan.of("labeler")]

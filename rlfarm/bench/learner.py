@@ -1,7 +1,7 @@
 """P3: SAC learner updates/s, batch 256, 256×2 MLPs, sampling from a replay buffer on the learner's device.
 
 Rows per case (observation/action sizes): `eager` is SACAgent.update(buffer.sample()) — one update at a time,
-as the learner role runs it — and is the baseline; every fast row (rlfarm/algos/sac_graph.py: sampling,
+as the learner role runs it on CPU — and is the baseline; every fast row (rlfarm/algos/sac_graph.py: sampling,
 critic, actor, temperature, Adam and Polyak of several updates captured in one CUDA graph, optionally
 compiled) is measured next to it on an identical agent (same seed) and the same buffer. With `profile`, each row also gets
 the number of GPU kernels and the GPU busy time per update (torch.profiler), which says what the time goes to.
@@ -111,8 +111,7 @@ def measure_case(case: str, obs_dim: int, act_dim: int, size: DictConfig, seed: 
                                          compile_options=options)
                 step = steps[key]
                 per_call = int(variant.updates_per_call)
-                updates = GraphedSACUpdates(step, replay_draw(buffer.storage.fields, fill, int(size.batch_size),
-                                                              per_call, agent), per_call)
+                updates = GraphedSACUpdates(step, replay_draw(buffer, fill, per_call, agent), per_call)
                 started = time.perf_counter()
                 updates()  # capture (and compile): measured apart, as setup
                 synchronize(device)

@@ -1,6 +1,6 @@
 """`rlfarm bench pipeline` (issue 4, P2): does the whole off-policy pipeline run as fast as its slowest stage?
 
-Two stages of known cost run through the real roles (EnvRunner, Labeler, Learner as Ray actors, placed by the
+Two stages of known cost run through the real roles (EnvRunner, Labeler, SACLearner as Ray actors, placed by the
 topology code):
 - env: EnvRunners stepping FixedCostEnv, whose step spins `step_cpu_ms` of CPU (a CPU-bound simulator);
 - reward: Labelers running FixedCostReward, `batch_ms` per bus piece plus `item_us` per transition (a slow
@@ -113,7 +113,7 @@ def window(size: DictConfig, read) -> Window:
 
 
 def reward_stage(size: DictConfig, topology: dict) -> dict:
-    """Producers of ready-made chunks → Labelers → Learner, fed as the runners feed them: one producer per runner,
+    """Producers of ready-made chunks → Labelers → SACLearner, fed as the runners feed them: one producer per runner,
     the same chunk size and credits, so the labelers see the same buses."""
     fields = {"obs": ([OBS_DIM], "float32"), "next_obs": ([OBS_DIM], "float32"), "action": ([ACT_DIM], "float32"),
               "terminated": ([], "bool"), "truncated": ([], "bool"), "env_reward": ([], "float32")}
@@ -140,7 +140,7 @@ def env_stage(size: DictConfig, topology: dict) -> dict:
 
 
 def whole_pipeline(size: DictConfig, topology: dict) -> dict:
-    """EnvRunners → Labelers → Learner, as `rlfarm train` wires them."""
+    """EnvRunners → Labelers → SACLearner, as `rlfarm train` wires them."""
     with placed(topology) as (plan, phase):
         labelers = start_labelers(phase, plan, size)
         runners = start_runners(phase, plan, size)

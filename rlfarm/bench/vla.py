@@ -28,7 +28,7 @@ BUSY_UNIT = "% busy (higher is better)"
 
 
 def run(cfg: DictConfig, device: str) -> list[dict]:
-    from rlfarm.roles.vla import VLAConfig
+    from rlfarm.algos.vla import VLAConfig
 
     size = sizes(cfg, device)
     vla = VLAConfig(env=OmegaConf.to_container(size.env, resolve=True), chunk_size=int(size.chunk_size),

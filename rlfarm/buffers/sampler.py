@@ -20,6 +20,17 @@ class UniformSampler:
                 self._generator.manual_seed(self.generator_seed)
         return torch.randint(0, size, (self.batch_size,), device=device, generator=self._generator)
 
+    def sample_into(self, index: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
+        """Fill `index` (int64, any shape, e.g. [updates, batch_size]) with uniform draws from [0, size), in place.
+
+        `size` is a 0-d float64 tensor on index's device holding the number of filled rows, updated in place by
+        the caller as the storage grows. No host sync and no shape that depends on the size: a CUDA graph can
+        capture this, and its replays follow the buffer's growth. It draws from the device's default generator,
+        the one `torch.cuda.graph` registers with a capture (this sampler's own would need registering by hand).
+        float64 uniforms: exact enough to index buffers of millions of rows without bias."""
+        draws = torch.rand(index.shape, dtype=torch.float64, device=index.device)
+        return index.copy_(draws.mul_(size))
+
     def state_dict(self) -> dict:
         return {"seed": self.generator_seed,
                 "rng": self._generator.get_state() if self._generator is not None else None}

@@ -122,7 +122,7 @@ def resume_from_dir_is_new(cfg: DictConfig, run_dir: str) -> bool:
 
 # algo.family → (loop module, loop class). Every loop takes `resume_from` and checkpoints on SIGTERM.
 LOOPS = {"offpolicy": ("rlfarm.loops.offpolicy", "OffPolicyLoop"),
-         "onpolicy": ("rlfarm.loops.onpolicy", "OnPolicyLoop"),
+         "onpolicy": ("rlfarm.loops.llm", "LLMLoop"),
          "onpolicy_env": ("rlfarm.loops.ppo", "PPOLoop"),
          "vla": ("rlfarm.loops.vla", "VLALoop")}
 PARAGRAPHS = {"offpolicy": summary_paragraph, "onpolicy": onpolicy_paragraph, "onpolicy_env": ppo_paragraph,

@@ -1,6 +1,6 @@
 """Built-in generation engine on a Hugging Face causal LM: batched, left-padded prompts, a KV-cached
 decoding loop of our own (not `model.generate`), so the log-probability of each sampled token is computed
-from the very logits it was sampled from (see `rlfarm.engines.base` for the convention).
+from the very logits it was sampled from (see `rlfarm.data` for the convention).
 
 Llama-family models (llama, qwen2, qwen3) decode through `StaticDecoder`: a preallocated KV cache and, on
 CUDA, one CUDA graph per decode step. Any other causal LM decodes through its own forward with a
@@ -14,8 +14,9 @@ from collections.abc import Collection
 import torch
 from torch import nn
 
+from rlfarm.data import Rollout, StopIds, stop_ids
 from rlfarm.engines import static_decoder
-from rlfarm.engines.base import Engine, Rollout, StopIds, hits_stop, stop_ids
+from rlfarm.engines.base import Engine, hits_stop
 from rlfarm.engines.sampling import nucleus_filter, sample_tokens  # noqa: F401 (part of this module's API)
 from rlfarm.models.lm import cache_kwarg, position_ids_from_mask
 
@@ -38,8 +39,8 @@ class HFEngine(Engine):
 
     decoder: "auto" (the static decoder when the model is Llama-family, else the HF-cache loop), "static"
     or "hf". cuda_graphs: capture the static decoder's step on CUDA. compile: torch.compile that step
-    before capture (fewer, fused kernels: about 2x the tokens/s of graphs alone on the 0.5B shape, for
-    ~30 s of compilation on the first call); None = on CUDA with graphs, off on CPU.
+    before capture (fewer, fused kernels, so a shorter step, paid for by a compilation on the first call;
+    docs/benchmarks.md, P4, has both); None = on CUDA with graphs, off on CPU.
     """
 
     def __init__(self, model: nn.Module, pad_id: int, device: torch.device | str = "cpu", seed: int = 0,
@@ -134,7 +135,7 @@ class HFEngine(Engine):
         self.weight_version = version
 
     def _tensors(self) -> dict[str, torch.Tensor]:
-        """Name → parameter/buffer, built once: walking the modules costs ~1 ms on the 0.5B shape, and a
+        """Name → parameter/buffer, built once: walking every module is slow next to a bucket's copy, and a
         bucketed sync calls `update_weights` once per bucket. Rebuilt after sleep/wake: moving a model replaces
         its buffers (its parameters stay the same objects)."""
         if self._named is None:
@@ -144,8 +145,8 @@ class HFEngine(Engine):
     def sleep(self, discard: Collection[str] = ()) -> None:
         """Give the device memory back: the decoder's cache and graphs, and the weights. Tensors named in
         `discard` are dropped, not kept on the host — for those the next weight sync rewrites anyway (what a
-        full sync after the learner's update does): waking then allocates them instead of copying ~1 GB back
-        from host memory (~150 ms for the 0.5B shape on an H200)."""
+        full sync after the learner's update does): waking then allocates them instead of copying the whole
+        model back from host memory."""
         named = self._tensors()
         unknown = sorted(set(discard) - set(named))
         if unknown:

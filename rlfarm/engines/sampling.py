@@ -1,5 +1,5 @@
 """Token sampling shared by the engines: no host syncs, and the log-probability convention of
-`rlfarm.engines.base` (log softmax(logits / temperature) of the sampled token, before nucleus truncation)."""
+`rlfarm.data` (log softmax(logits / temperature) of the sampled token, before nucleus truncation)."""
 from __future__ import annotations
 
 import torch

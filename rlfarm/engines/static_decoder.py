@@ -7,7 +7,7 @@ Only the attention core and the cache are ours. Norms, projections (with their L
 wrapped them), MLPs, the rotary table and the LM head are the model's own modules, called as they are:
 the weights the learner trains are the weights that run here, `update_weights` copies into them in place
 (a captured graph reads the same memory, so it needs no re-capture), and the log-probabilities follow the
-convention of `rlfarm.engines.base` exactly.
+convention of `rlfarm.data` exactly.
 
 A cache of one shape — batch × cache length, rounded up to `CACHE_ROUNDING` tokens so prompts of slightly
 different length share it — holds its graphs, one per sampling setting (temperature, top_p, eos). Prefill
@@ -69,7 +69,7 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 class Sampling:
     temperature: float
     top_p: float
-    stop_ids: tuple[int, ...]  # () = never stop (`rlfarm.engines.base.stop_ids`)
+    stop_ids: tuple[int, ...]  # () = never stop (`rlfarm.data.stop_ids`)
 
 
 @dataclass

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from rlfarm.engines.base import Engine, Rollout, StopIds, stop_ids
+from rlfarm.data import Rollout, StopIds, stop_ids
+from rlfarm.engines.base import Engine
 from rlfarm.engines.hf import left_pad
 
 MISSING_VLLM = "engine=vllm needs the vllm extra: pip install 'rlfarm[vllm]' on a CUDA machine; use engine=hf"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rlfarm.engines.base import stop_ids
+from rlfarm.data import stop_ids
 
 
 def generation_stop_ids(source: str) -> tuple[int, ...]:

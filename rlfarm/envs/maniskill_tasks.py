@@ -11,7 +11,7 @@ Observations (a mapping):
 Action: float32 [4] in [-1, 1] under ManiSkill's `pd_ee_delta_pos` controller (the default `control_mode`): an
 end-effector displacement (x, y, z; ±1 is ManiSkill's largest step, 0.1 m) and the gripper (−1 closed, 1 open).
 Any other normalized ManiSkill controller works too, e.g. `pd_joint_delta_pos` ([8]: 7 joints + gripper), which
-skips the per-step inverse kinematics and steps about twice as fast.
+skips the per-step inverse kinematics and so steps faster (docs/benchmarks.md has both rates).
 Reward: 1.0 on the step the task's own success test first holds, which also ends the episode (binary success, as
 SimpleVLA-RL trains on); 0 otherwise. Episodes are truncated at `max_steps`.
 
@@ -20,8 +20,8 @@ machine Mesa's lavapipe (>= 23; scripts/install.sh installs it), on a GPU machin
 auto takes CUDA where torch sees one, else the CPU).
 
 Pictures are taken only when read. An action chunk of K steps reads only its last step's picture (the rollout
-worker infers from the observation after the chunk), and a picture costs several physics steps on lavapipe, so
-rendering the K − 1 pictures nobody reads would make the env several times slower. An observation therefore
+worker infers from the observation after the chunk), and a picture costs far more than a physics step on
+lavapipe, so rendering the K − 1 pictures nobody reads would make the env several times slower. An observation therefore
 renders its picture on the first `obs["image"]`; reading it after the env has moved on raises, because the
 picture would then show a later state.
 

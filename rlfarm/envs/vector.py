@@ -9,14 +9,8 @@ transition and whose `obs` is what the policy acts on next.
 Frames (for pixel reward models) are rendered by a per-env wrapper right after each sub-env step, so the
 done env's frame shows its final state, not the reset state. Headless rendering: MuJoCo uses EGL
 (`MUJOCO_GL=egl` unless set) with shadows and reflections off; classic-control envs use pygame's dummy
-video driver and are resized to `frame_size`.
-
-HalfCheetah-v5 step + render, frames/s, measured 2026-11 (after a few hundred warm-up frames):
-- dev machine, 2 CPU cores, Mesa llvmpipe EGL, 84 px: ~450 with shadows/reflections off when the machine was
-  idle, ~20 with MuJoCo's defaults; 100-200 through VectorEnv while other jobs loaded it (load average 3-5).
-  32 px costs about the same: per-frame overhead, not pixels, dominates there.
-- GPU node (H200, NVIDIA EGL, 16 cores), one process: 84 px 3,240 (1 env) / 2,790 (4 envs) / 2,090 (16 envs);
-  224 px 1,230 (1 env) / 1,470 (4 envs); no rendering: 8,070 steps/s.
+video driver and are resized to `frame_size`. Step + render rates on CPU and GPU machines are in
+docs/benchmarks.md.
 """
 
 import difflib
@@ -184,7 +178,7 @@ class _FrameEachStep(gym.Wrapper):
 
 
 def _turn_off_shadows_and_reflections(model) -> None:
-    """Shadow maps and floor reflections cost ~10× render time under software GL and carry no task signal.
+    """Shadow maps and floor reflections dominate render time under software GL and carry no task signal.
 
     Must run before the first render: MuJoCo sizes the shadow buffer when it creates the render context.
     """

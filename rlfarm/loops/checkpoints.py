@@ -21,11 +21,17 @@ SIGNAL_GRACE_S = 2.0  # after a role failure: how long to wait for a SIGTERM tha
 
 class PeriodicCheckpoints:
     """Mixed into a loop that has `cfg` (run.checkpoint_every_*), `run` (dir, checkpoint_dir) and
-    `checkpoint(name, **args) -> path` (which asks its learner to save); call `_start_checkpoints` in __init__."""
+    `checkpoint(name, **args) -> path` (which asks its learner to save); call `_start_checkpoints` in __init__
+    and `schedule_checkpoints_from(updates)` on resume."""
 
     def _start_checkpoints(self, updates: int = 0) -> None:
         self._preempt = False
-        self._last_checkpoint = (updates, time.monotonic())  # (updates, time) of the last periodic one
+        self.schedule_checkpoints_from(updates)
+
+    def schedule_checkpoints_from(self, updates: int) -> None:
+        """Count the next periodic checkpoint from `updates`, now: at the start, after each one, and on resume
+        (from the checkpoint's update, so the resumed run keeps the schedule the interrupted one had)."""
+        self._last_checkpoint = (updates, time.monotonic())  # (updates, time) of the last checkpoint
 
     def request_preemption(self) -> None:
         """Signal-handler side: only sets a flag; the loop checkpoints after its current cycle."""
@@ -37,7 +43,7 @@ class PeriodicCheckpoints:
         if (every_updates and updates - last_updates >= every_updates) or \
                 (every_min and time.monotonic() - last_time >= 60 * every_min):
             path = self.checkpoint(f"step_{updates:09d}.pt")
-            self._last_checkpoint = (updates, time.monotonic())
+            self.schedule_checkpoints_from(updates)
             for old in sorted(self.run.checkpoint_dir.glob("step_*.pt"))[:-KEEP]:
                 old.unlink(missing_ok=True)
             log.info("checkpoint %s", path)

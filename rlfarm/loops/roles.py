@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.roles.env_runner import EnvRunner
 from rlfarm.roles.labeler import Labeler
-from rlfarm.roles.learner import Learner
+from rlfarm.roles.sac_learner import SACLearner
 from rlfarm.topology import PlacedTopology
 
 # Threaded actors: the long-running loop takes one thread, calls from peers (submit, ack, stats) the others.
@@ -58,7 +58,7 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
         for p in plan.of("labeler")]
     spaces = ray.get(runners[0].spaces.remote())
     (learner_place,) = plan.of("learner")
-    learner = ray.remote(Learner).options(**placed.options(learner_place), max_concurrency=CONCURRENCY).remote(
+    learner = ray.remote(SACLearner).options(**placed.options(learner_place), max_concurrency=CONCURRENCY).remote(
         as_dict(algo), as_dict(cfg.model), spaces, int(cfg.seed), learner_place.threads)
     ray.get([learner.set_runners.remote(runners)]
             + [r.set_labelers.remote(labelers) for r in runners]

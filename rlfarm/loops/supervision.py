@@ -1,11 +1,13 @@
-"""Watch the restartable workers (env runners, labelers) of a run: notice when one dies, hand it back to the
-loop for recovery, and keep the bookkeeping that makes counters survive a restart.
+"""Watch the restartable workers (env runners, labelers) of an off-policy run: notice when one dies, hand it
+back to the loop for re-wiring, and keep the bookkeeping that makes counters survive a restart.
 
 Ray restarts a dead actor by running its constructor again (`max_restarts`), so it comes back with empty
-state: no peers, no counters, no chunks. What the dead incarnation did is known exactly from the learner,
-which counts settled transitions per (runner, incarnation) and delivered ones per (labeler, incarnation);
-this module adds those to the live incarnations' own counters. The learner is not restarted: its state is
-the run's state, and a checkpoint + `resume` is how it comes back."""
+state: no peers, no counters, no chunks. What its dead incarnations did comes from two sources: the learner
+counts settled transitions per (runner, incarnation key) and delivered ones per (labeler, incarnation), and a
+runner's last stats report says how many env steps it took. `Supervisor` adds those to the live incarnations'
+own counts (`dead_env_steps`, `settled_by_dead`, `delivered_by_dead`) and gives a restarted runner what is left
+of its share of the env steps (`successor_budget`, `tighten_budgets`). The learner is not restarted: its state
+is the run's state, and a checkpoint + `resume` is how it comes back."""
 from __future__ import annotations
 
 import json
@@ -70,6 +72,19 @@ class Supervisor:
         self.max_restarts = max_restarts
         self.roles_file = roles_file
         self.recoveries: list[dict] = []
+        self.epoch = 0                          # the run's resume count: part of every runner incarnation key
+        self.shares: list[int] = []             # env steps each runner index takes in this epoch
+        # (runner index, incarnation key) of each dead runner incarnation → the env steps it last reported.
+        self._reported_by_dead: dict[tuple[int, int], int] = {}
+        self._budgets: dict[int, int] = {}      # runner index → the env-step budget its live incarnation got
+
+    def start_epoch(self, epoch: int, shares: list[int]) -> None:
+        """The run (or its `epoch`-th resume) starts: runner i takes shares[i] env steps."""
+        self.epoch, self.shares = epoch, shares
+
+    def runner_key(self, worker: Worker, incarnation: int | None = None) -> int:
+        """The key the learner files this runner incarnation's chunks under (default: the live one)."""
+        return incarnation_key(self.epoch, worker.incarnation if incarnation is None else incarnation)
 
     def of(self, kind: str) -> list[Worker]:
         return [w for w in self.workers if w.kind == kind]
@@ -128,6 +143,50 @@ class Supervisor:
                     record["pid_before"], new_pid, record["recovery_s"],
                     "".join(f", {k.replace('_', ' ')} {v}" for k, v in detail.items()))
         self.write_roles_file()
+
+    # -- counts of dead incarnations ---------------------------------------------------------------------
+    def runner_lost(self, worker: Worker) -> None:
+        """A runner incarnation died: keep the env steps it last reported."""
+        self._reported_by_dead[(worker.index, self.runner_key(worker))] = int(worker.stats.get("env_steps", 0))
+
+    def successor_budget(self, index: int, learner: dict) -> int:
+        """Env steps the next incarnation of runner `index` may take: its share less what the dead ones took."""
+        self._budgets[index] = self._runner_budget(index, learner)
+        return self._budgets[index]
+
+    def tighten_budgets(self, learner: dict) -> None:
+        """A dead runner's last chunks can reach the learner after its successor started: lower the
+        successor's step budget by them, so the run never takes more than total_env_steps."""
+        for worker in self.of("env_runner"):
+            if worker.index in self._budgets:
+                budget = self._runner_budget(worker.index, learner)
+                if budget < self._budgets[worker.index]:
+                    self._budgets[worker.index] = budget
+                    worker.actor.set_budget.remote(budget)
+
+    def dead_env_steps(self, learner: dict) -> int:
+        """Env steps all dead runner incarnations took (this epoch)."""
+        return sum(self._dead_runner_steps(index, learner) for index in {i for i, _ in self._reported_by_dead})
+
+    def settled_by_dead(self, learner: dict) -> int:
+        """Transitions stored or quarantined that dead runner incarnations produced (this epoch)."""
+        live = {(w.index, self.runner_key(w)) for w in self.of("env_runner")}
+        return sum(n for key, n in learner["settled_by_runner"].items() if key not in live)
+
+    def delivered_by_dead(self, learner: dict) -> int:
+        """Transitions dead labeler incarnations delivered to the learner."""
+        live = {(w.index, w.incarnation) for w in self.of("labeler")}
+        return sum(n for key, n in learner["delivered_by_labeler"].items() if key not in live)
+
+    def _dead_runner_steps(self, index: int, learner: dict) -> int:
+        """Env steps the dead incarnations of runner `index` took: what they last reported, or more if more of
+        their chunks reached the learner since (the report is up to one metrics interval old)."""
+        settled = learner["settled_by_runner"]
+        return sum(max(reported, settled.get(key, 0)) for key, reported in self._reported_by_dead.items()
+                   if key[0] == index)
+
+    def _runner_budget(self, index: int, learner: dict) -> int:
+        return max(self.shares[index] - self._dead_runner_steps(index, learner), 0)
 
     def write_roles_file(self) -> None:
         """`roles.json` in the run dir: which process runs which worker now (for `kill`, py-spy, tests)."""

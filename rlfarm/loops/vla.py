@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 
 import numpy as np
 import ray
 from omegaconf import DictConfig, OmegaConf
 
+from rlfarm.algos.vla import VLAConfig
 from rlfarm.envs.vla_tasks import check_vla_task
 from rlfarm.errors import ConfigError
-from rlfarm.loops.checkpoints import PeriodicCheckpoints
-from rlfarm.roles.vla import VLAConfig, VLALearner, VLARolloutWorker
+from rlfarm.loops.progress import Progress
+from rlfarm.loops.skeleton import SyncLoop
+from rlfarm.roles.vla import VLALearner, VLARolloutWorker
 from rlfarm.run import Run
-from rlfarm.telemetry.live import LiveView
+from rlfarm.settings import known_fields
 from rlfarm.topology import PlacedTopology
 
 log = logging.getLogger("rlfarm")
@@ -33,7 +34,7 @@ TIME_KEYS = ("rollout_s", "env_s", "infer_s", "overlap_s", "update_s", "step_s",
 def vla_config(cfg: DictConfig) -> VLAConfig:
     """The frozen settings of one VLA run, from the composed Hydra config."""
     algo = OmegaConf.to_container(cfg.algo, resolve=True)
-    fields = {k: v for k, v in algo.items() if k in VLAConfig.__dataclass_fields__}
+    fields = known_fields(VLAConfig, algo)
     env = OmegaConf.to_container(cfg.env, resolve=True)
     check_vla_task(str(env["id"]))
     return VLAConfig(**fields, env_id=str(env["id"]), env=dict(env.get("kwargs") or {}), chunk_size=int(env["chunk_size"]),
@@ -55,7 +56,10 @@ def split_groups(groups: int, workers: int) -> list[int]:
     return [len(part) for part in np.array_split(np.arange(groups), workers)]
 
 
-class VLALoop(PeriodicCheckpoints):
+class VLALoop(SyncLoop):
+    """Seeds depend on the update number, so a resumed run draws the initial states the uninterrupted one would
+    have; the learner restores weights, optimizer and version."""
+
     def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None):
         self.cfg, self.run = cfg, run
         self.vla = vla_config(cfg)
@@ -69,43 +73,31 @@ class VLALoop(PeriodicCheckpoints):
         shapes = ray.get(self.workers[0].shapes.remote())  # sizes the learner's policy without an env of its own
         self.learner = ray.remote(VLALearner).options(**placed.options(learner)).remote(self.vla, shapes,
                                                                                       learner.threads)
-        self.successes: deque[float] = deque(maxlen=SUCCESS_WINDOW)
-        self.times: dict[str, list[float]] = {key: [] for key in TIME_KEYS}
-        self.first_success: float | None = None
-        self.env_steps = self.episodes = 0
-        self.updates, self.wall_offset = 0, 0.0  # updates done (a resumed run continues after them)
-        self.started = time.monotonic()
-        self._start_checkpoints()
-        if resume_from:
-            self._resume(resume_from)
+        self.title = f"rlfarm · simplevla · {cfg.env.id} · {cfg.topology.name}"
+        self.target = cfg.algo.target_success
+        self.weights = None  # the ref of the newest published weights
+        self._begin(Progress(window=SUCCESS_WINDOW, timings=TIME_KEYS, updates=0, env_steps=0, episodes=0,
+                             first_success=None), resume_from)
 
-    def train(self) -> dict:
-        weights = self.learner.publish.remote()
-        ray.get([weights, *(w.load_weights.remote(None) for w in self.workers)])  # the clock counts training only
-        self.started = time.monotonic()
-        target, row = self.cfg.algo.target_success, {}
-        title = f"rlfarm · simplevla · {self.cfg.env.id} · {self.cfg.topology.name}"
-        with self.until_preempted(), LiveView(title, self.cfg.run.live, columns="onpolicy") as view:
-            for update in range(self.updates + 1, int(self.cfg.algo.max_updates) + 1):
-                weights, row = self._step(update, weights)
-                view.update(row)
-                self._after_update(update)
-                if self._done(row, target):
-                    break
-        return self._summary(row, target)
+    # -- stages -------------------------------------------------------------------------------------
+    def _warm_up(self) -> None:
+        self.weights = self.learner.publish.remote()
+        ray.get([self.weights, *(w.load_weights.remote(None) for w in self.workers)])
 
-    def _step(self, update: int, weights) -> tuple:
-        """One cycle: collect (workers) → update (learner) → publish. Returns (new weights ref, row)."""
+    def _step(self) -> dict:
+        """One cycle: collect (workers) → update (learner) → publish; the workers' stats, the learner's metrics
+        and the stages' wall times."""
         started = time.monotonic()
-        seeds = self._seeds(update)
-        collected = [w.collect.options(num_returns=2).remote(weights, s) for w, s in zip(self.workers, seeds)]
+        seeds = self._seeds(self.progress["updates"] + 1)
+        collected = [w.collect.options(num_returns=2).remote(self.weights, s) for w, s in zip(self.workers, seeds)]
         stats = ray.get([s for _, s in collected])                                       # 1. rollouts
         rolled = time.monotonic()
         metrics = ray.get(self.learner.update.remote(*(batch for batch, _ in collected)))  # 2. GRPO update
-        weights = self.learner.publish.remote()                                         # 3. new weights
-        ray.wait([weights], fetch_local=False)
+        self.weights = self.learner.publish.remote()                                    # 3. new weights
+        ray.wait([self.weights], fetch_local=False)
         done = time.monotonic()
-        return weights, self._record(update, stats, metrics, rolled - started, done - rolled, done - started)
+        return {"stats": stats, "learner": metrics, "rollout_s": rolled - started, "update_s": done - rolled,
+                "step_s": done - started}
 
     def _seeds(self, update: int) -> list[list[int]]:
         """Initial-state seeds of this update, one list per worker; distinct across updates and runs."""
@@ -113,68 +105,38 @@ class VLALoop(PeriodicCheckpoints):
         bounds = np.cumsum([0, *self.shares])
         return [list(range(first + lo, first + hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
 
-    def _record(self, update: int, stats: list[dict], metrics: dict, rollout_s: float, update_s: float,
-                step_s: float) -> dict:
+    def _record(self, cycle: dict) -> dict:
+        progress, stats, metrics = self.progress, cycle["stats"], cycle["learner"]
         steps = sum(s["env_steps"] for s in stats)
-        self.updates = update
-        self.env_steps += steps
-        self.episodes += sum(s["episodes"] for s in stats)
-        self.successes.append(metrics["success_rate"])
-        if self.first_success is None:
-            self.first_success = metrics["success_rate"]
+        progress.add(updates=1, env_steps=steps, episodes=sum(s["episodes"] for s in stats))
+        progress.window.append(metrics["success_rate"])
+        if progress["first_success"] is None:
+            progress["first_success"] = metrics["success_rate"]
         # the slowest worker sets the pace; its breakdown is the one that matters
         slowest = max(stats, key=lambda s: s["rollout_s"])
+        rollout_s = cycle["rollout_s"]
         timing = {"rollout_s": rollout_s, "env_s": slowest["env_s"], "infer_s": slowest["infer_s"],
-                  "overlap_s": slowest["overlap_s"], "update_s": update_s, "step_s": step_s,
+                  "overlap_s": slowest["overlap_s"], "update_s": cycle["update_s"], "step_s": cycle["step_s"],
                   "env_steps_per_s": steps / max(rollout_s, 1e-9)}
-        for key in TIME_KEYS:
-            self.times[key].append(timing[key])
-        wall = self.wall_offset + time.monotonic() - self.started
-        success = float(np.mean(self.successes))
-        row = {"updates": update, "env_steps": self.env_steps, "samples": self.episodes, "wall_s": round(wall, 3),
-               "success_rate_mean": success, "reward": metrics["success_rate"], "reward_mean": success, "inference_calls": slowest["inference_calls"],
+        progress.record_timings(timing)
+        update, wall, success = progress["updates"], progress.wall_s, progress.window_mean()
+        row = {"updates": update, "env_steps": progress["env_steps"], "samples": progress["episodes"],
+               "wall_s": round(wall, 3), "success_rate_mean": success, "reward": metrics["success_rate"],
+               "reward_mean": success, "inference_calls": slowest["inference_calls"],
                "inference_busy": slowest["infer_s"] / max(slowest["rollout_s"], 1e-9), **timing, **metrics}
-        self.run.log(row)
         if update % 10 == 0 or update == 1:
             log.info("update %d success %.3f (last %d: %.3f) entropy %.2f kept %.2f rollout %.2fs (env %.2fs, "
-                     "inference %.2fs, overlap %.2fs) wall %.0fs", update, metrics["success_rate"], len(self.successes),
-                     success, metrics["entropy"], metrics["kept_groups"], rollout_s, timing["env_s"],
-                     timing["infer_s"], timing["overlap_s"], wall)
+                     "inference %.2fs, overlap %.2fs) wall %.0fs", update, metrics["success_rate"],
+                     len(progress.window), success, metrics["entropy"], metrics["kept_groups"], rollout_s,
+                     timing["env_s"], timing["infer_s"], timing["overlap_s"], wall)
         return row
 
-    def _done(self, row: dict, target) -> bool:
-        over_time = self.cfg.run.max_wall_s and row["wall_s"] > self.cfg.run.max_wall_s
-        reached = (target is not None and len(self.successes) == SUCCESS_WINDOW
-                   and row["success_rate_mean"] >= target)
-        return bool(over_time or reached)
-
-    def _summary(self, row: dict, target) -> dict:
-        success = row.get("success_rate_mean", 0.0)
-        return {"success_rate": success, "success_rate_start": self.first_success, "reward_mean": success,
-                "updates": row.get("updates", 0), "samples": self.episodes, "env_steps": self.env_steps,
-                "wall_s": round(self.wall_offset + time.monotonic() - self.started, 2), "target_success": target,
+    def _summary(self, row: dict) -> dict:
+        progress, target = self.progress, self.target
+        success = progress.window_mean(empty=0.0)
+        return {"success_rate": success, "success_rate_start": progress["first_success"], "reward_mean": success,
+                "updates": progress["updates"], "samples": progress["episodes"], "env_steps": progress["env_steps"],
+                "wall_s": round(progress.wall_s, 2), "target_success": target,
                 "reached_target": bool(target is not None and success >= target),
                 "target_reward": target, "pipeline": self.vla.pipeline, "rollout_workers": len(self.workers),
-                "median": {key: round(float(np.median(v)), 4) for key, v in self.times.items() if v}}
-
-    # -- checkpoints ---------------------------------------------------------------------------------
-    def checkpoint(self, name: str = "final.pt") -> str:
-        extra = {"updates": self.updates, "env_steps": self.env_steps,
-                 "episodes": self.episodes, "successes": list(self.successes), "first_success": self.first_success,
-                 "times": self.times, "wall_s": self.wall_offset + time.monotonic() - self.started}
-        return ray.get(self.learner.save.remote(str(self.run.checkpoint_dir / name), extra))
-
-    def _resume(self, path: str) -> None:
-        """Continue after the checkpoint's update: the learner restores weights, optimizer and version; the
-        counters, the success window and the timings continue. Seeds depend on the update number, so the
-        resumed run draws the initial states the uninterrupted one would have."""
-        extra = ray.get(self.learner.load.remote(path))
-        self.updates = int(extra["updates"])
-        self.env_steps, self.episodes = int(extra["env_steps"]), int(extra["episodes"])
-        self.successes.extend(extra["successes"])
-        self.first_success = extra["first_success"]
-        self.times = {key: list(extra["times"].get(key, [])) for key in TIME_KEYS}
-        self.wall_offset = float(extra["wall_s"])
-        self._start_checkpoints(self.updates)
-        self.run.truncate_metrics(after_step=self.env_steps)
-        log.info("resumed from %s after update %d", path, self.updates)
+                "median": progress.timing_medians()}

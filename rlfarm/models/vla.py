@@ -66,7 +66,7 @@ class TinyVLA(nn.Module):
         self.proprio = nn.Linear(proprio_dim, width)
         # Tanh, not ReLU: zero-centred features. With ReLU the features share a large common part across all
         # observations, the head learned through it as through a bias, and GRPO collapsed every instruction onto
-        # whichever direction got ahead first (measured: identical actions for "left" and "right"); with tanh both
+        # whichever direction got ahead first (it acted identically on "left" and "right"); with tanh both
         # directions are learned.
         self.trunk = nn.Sequential(nn.Linear(3 * width, 2 * width), nn.Tanh(), nn.Linear(2 * width, 2 * width),
                                    nn.Tanh())

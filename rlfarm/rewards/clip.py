@@ -7,10 +7,7 @@ shows anyway, so the goal-minus-baseline direction isolates the task ("running f
 
 One deliberate difference from the VLM-RMs code: the mean of several prompt embeddings is re-normalized,
 so g and b lie on the unit sphere like x, and r = 1 exactly when the image embedding equals the goal.
-
-Throughput, ViT-B/16-shaped CLIP, bf16, one H200, 2026-11 (uint8 frames on the host in, rewards out,
-max_batch 512): 8,150 frames/s at 224 px; 10,280 with compile=True (its first call compiles for ~14 s).
-84 px frames, upsampled on the GPU: 8,820 / 11,150.
+Its throughput (frames/s per GPU, with and without compile) is in docs/benchmarks.md.
 """
 
 import os

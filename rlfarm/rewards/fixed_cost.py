@@ -17,7 +17,7 @@ import torch
 
 from rlfarm.rewards.base import RewardModel, RewardModelError
 
-CALIBRATION_CYCLES = 20_000_000  # ~10 ms of spinning at H100/H200 clocks: long enough to time well
+CALIBRATION_CYCLES = 20_000_000  # about 10 ms of spinning at a 2 GHz GPU clock: long enough to time well
 
 
 class FixedCostReward(RewardModel):

@@ -21,12 +21,13 @@ from hydra.utils import instantiate
 
 from rlfarm.envs.vector import VectorEnv
 from rlfarm.roles.common import limit_threads, seed_everything
+from rlfarm.roles.versioned_weights import HeldWeights, Publication
 
 
 def spread_rendering(index: int) -> None:
     """Runners render headless through EGL; left alone, every runner draws on GPU 0 and it becomes the
-    bottleneck (seen on 4×H200: 24 runners at 224 px capped at ~2,100 frames/s with GPU 0 at 70%).
-    Spread them over the node's GPUs. Runners hold no CUDA share, so count the device files, not CUDA."""
+    bottleneck (docs/benchmarks.md, split_1_3). Spread them over the node's GPUs. Runners hold no CUDA share,
+    so count the device files, not CUDA."""
     if os.environ.get("MUJOCO_GL") != "egl" or "MUJOCO_EGL_DEVICE_ID" in os.environ:
         return
     gpus = len(glob.glob("/dev/nvidia[0-9]*"))
@@ -55,8 +56,8 @@ class EnvRunner:
         self.in_flight: dict[int, tuple[dict, ray.ObjectRef, int]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._pending_weights: tuple[int, list] | None = None
-        self.policy_version = 0
+        self._pending_weights: Publication | None = None  # the newest handed over, loaded before the next chunk
+        self.weights = HeldWeights()
         self.labelers: list = []
         self.env_steps = self.produced = self.chunks = 0
         self.max_env_steps = sys.maxsize  # run() and set_budget() lower it
@@ -72,11 +73,11 @@ class EnvRunner:
     def set_labelers(self, labelers: list) -> None:
         self.labelers = list(labelers)
 
-    def set_weights(self, version: int, ref_box: list) -> None:
-        """Called by the learner on publication; the ref is boxed in a list so Ray does not fetch it now."""
+    def set_weights(self, published: Publication) -> None:
+        """Called by the learner on publication; the tensors are fetched when the next chunk starts."""
         with self._lock:
-            if self._pending_weights is None or version > self._pending_weights[0]:
-                self._pending_weights = (version, ref_box)
+            if self._pending_weights is None or published[1] > self._pending_weights[1]:
+                self._pending_weights = published
 
     def ack(self, seqs: list[int]) -> None:
         """The learner stored these chunks and did the updates they owe: give the credits back."""
@@ -105,9 +106,7 @@ class EnvRunner:
     def _refresh_policy(self) -> None:
         with self._lock:
             pending, self._pending_weights = self._pending_weights, None
-        if pending is not None and pending[0] > self.policy_version:
-            self.policy.load_state_dict(ray.get(pending[1][0]))
-            self.policy_version = pending[0]
+        self.weights.load_newer(pending, self.policy.load_state_dict)
 
     def _act(self, obs: np.ndarray) -> np.ndarray:
         if self.env_steps < self.random_steps:
@@ -161,7 +160,7 @@ class EnvRunner:
                 break
             chunk, obs = self._collect_chunk(obs, steps)
             meta = {"runner": self.index, "seq": seq, "incarnation": incarnation, "produced_at": time.time(),
-                    "policy_version": self.policy_version, "size": len(chunk["obs"])}
+                    "policy_version": self.weights.version, "size": len(chunk["obs"])}
             ref = ray.put(chunk)
             labeler = seq % len(self.labelers)
             with self._lock:
@@ -182,5 +181,5 @@ class EnvRunner:
         while self.finished_lengths:
             lengths.append(self.finished_lengths.popleft())
         return {**self.totals(), "pid": os.getpid(), "episode_returns": returns, "episode_lengths": lengths,
-                "credit_wait_s": self.credit_wait_s, "policy_version": self.policy_version,
+                "credit_wait_s": self.credit_wait_s, "policy_version": self.weights.version,
                 "in_flight": len(self.in_flight)}

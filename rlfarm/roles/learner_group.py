@@ -1,8 +1,8 @@
-"""The on-policy learner role as one or more data-parallel `PolicyLearner` actors.
+"""The on-policy learner role as one or more data-parallel `LMLearner` actors.
 
 One rank: a single actor, no process group — the one-learner path. N ranks (one per GPU the role holds):
 N actors joined in one torch.distributed group with their models under DDP or FSDP (`algo.data_parallel`,
-`rlfarm.distributed`). Each update goes to every rank with the whole scored batch (only refs travel; each rank
+`rlfarm.data_parallel`). Each update goes to every rank with the whole scored batch (only refs travel; each rank
 takes its shard), and rank 0 leads: it alone publishes weights to the engines, writes checkpoints and reports
 the metrics (under FSDP the ranks gather whole tensors together first, after each update and in `save`).
 """
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import ray
 
-from rlfarm.algos.grpo_trainer import GRPOConfig
-from rlfarm.roles.onpolicy import PolicyLearner
+from rlfarm.algos.grpo_lm import GRPOConfig
+from rlfarm.roles.llm import LMLearner
 
 
 @dataclass
@@ -30,6 +30,11 @@ class LearnerGroup:
         """Every rank updates on its shard of the batch (they meet in DDP's all-reduce); rank 0's metrics."""
         return ray.get([rank.update.remote(generated, rewards) for rank in self.ranks])[0]
 
+    def publish(self) -> ray.ObjectRef:
+        """Rank 0 sends the newest weights to the engines (`LMLearner.publish`). Not waited for: over a
+        broadcast the call ends only once the engines received, so the caller hands the ref to them first."""
+        return self.lead.publish.remote()
+
     def save(self, path: str, extra: dict | None = None) -> str:
         """Rank 0 writes the checkpoint; every rank takes the call (under FSDP they gather the shards together)."""
         return ray.get([rank.save.remote(path, extra) for rank in self.ranks])[0]
@@ -45,10 +50,10 @@ class LearnerGroup:
 
 def start_learner_group(rank_options: list[dict], cfg: GRPOConfig, threads: int = 1,
                         dtype: str = "float32") -> LearnerGroup:
-    """One PolicyLearner per entry of `rank_options` (Ray options: one GPU each, in the learner's placement
+    """One LMLearner per entry of `rank_options` (Ray options: one GPU each, in the learner's placement
     group); more than one are joined into a data-parallel group before this returns."""
     world_size = len(rank_options)
-    ranks = [ray.remote(PolicyLearner).options(**options).remote(cfg, threads, dtype, rank, world_size)
+    ranks = [ray.remote(LMLearner).options(**options).remote(cfg, threads, dtype, rank, world_size)
              for rank, options in enumerate(rank_options)]
     if world_size == 1:
         return LearnerGroup(ranks, [-1])

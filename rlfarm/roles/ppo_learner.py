@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import time
 
-import ray
 import torch
 from hydra.utils import instantiate
 
 from rlfarm.algos.ppo_trainer import PPOConfig, flatten_for_update, ppo_update
 from rlfarm.buffers.rollout import EnvRollout
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic, seed_everything
+from rlfarm.roles.versioned_weights import Publication, publication
 
 
 class PPOLearner:
@@ -30,11 +30,10 @@ class PPOLearner:
         self.generator = torch.Generator(self.device).manual_seed(seed)  # minibatch shuffles
         self.version = self.updates = self.gradient_steps = 0
 
-    def publish(self) -> tuple[list, int]:
-        """A new weight version: ([ref], version). The ref is boxed so receivers get it unresolved."""
+    def publish(self) -> Publication:
+        """A new weight version, put in the object store once for every runner."""
         self.version += 1
-        weights = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-        return [ray.put(weights)], self.version
+        return publication({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, self.version)
 
     def update(self, progress: float, *rollouts: EnvRollout) -> dict:
         """One PPO iteration on the runners' rollouts (same length and weight version, joined side by side).

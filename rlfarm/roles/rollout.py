@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import ray
 import torch
 from hydra.utils import instantiate
 
@@ -21,6 +20,7 @@ from rlfarm.buffers.rollout import EnvRollout
 from rlfarm.envs.spaces import policy_dims
 from rlfarm.envs.vector import VectorEnv
 from rlfarm.roles.common import limit_threads, seed_everything
+from rlfarm.roles.versioned_weights import HeldWeights, Publication
 
 
 class RolloutRunner:
@@ -33,30 +33,20 @@ class RolloutRunner:
         self.dims = policy_dims(self.env.single_observation_space, self.env.single_action_space)
         self.policy = instantiate(actor_cfg)(self.dims["obs_dim"], self.dims["act_dim"], self.dims["action_low"],
                                              self.dims["action_high"]).eval()
-        self.policy_version = 0
+        self.weights = HeldWeights()
         self.obs = self.env.reset()
         self.env_steps = 0
 
     def spaces(self) -> dict:
         return dict(self.dims)
 
-    def load_weights(self, weights: tuple[list, int] | None) -> None:
-        """weights = ([ref], version) as the learner publishes them; the ref is boxed so that Ray hands it
-        over unresolved and the tensors are fetched here, once per version."""
-        if weights is None:
-            return
-        box, version = weights
-        if version > self.policy_version:
-            self.policy.load_state_dict(ray.get(box[0]))
-            self.policy_version = version
-
     @torch.no_grad()
-    def collect(self, weights: tuple[list, int] | None = None, steps: int | None = None
-                ) -> tuple[EnvRollout, dict]:
-        """Act `steps` (default rollout_steps) vector steps with the newest weights.
-        Returns (rollout, episodes): episodes = {"returns", "lengths", "env_steps", "runner", "collect_s"}."""
+    def collect(self, weights: Publication | None = None, steps: int | None = None) -> tuple[EnvRollout, dict]:
+        """Act `steps` (default rollout_steps) vector steps with the newest weights (the learner's `publish`;
+        None: those held). Returns (rollout, episodes): episodes = {"returns", "lengths", "env_steps", "runner",
+        "collect_s"}."""
         started = time.perf_counter()
-        self.load_weights(weights)
+        self.weights.load_newer(weights, self.policy.load_state_dict)
         steps = self.rollout_steps if steps is None else int(steps)
         obs_t = torch.as_tensor
         record: dict[str, list] = {name: [] for name in EnvRollout.ARRAYS}
@@ -88,7 +78,7 @@ class RolloutRunner:
         following = np.concatenate([arrays["value"][1:], last_value[None]], axis=0)
         done = arrays["terminated"] | arrays["truncated"]
         arrays["next_value"] = np.where(done, arrays["next_value"], following)
-        rollout = EnvRollout(**arrays, policy_version=self.policy_version)
+        rollout = EnvRollout(**arrays, policy_version=self.weights.version)
         episodes = {"runner": self.index, "returns": returns, "lengths": lengths,
                     "env_steps": self.env_steps, "collect_s": time.perf_counter() - started}
         return rollout, episodes

@@ -16,51 +16,28 @@ inference leaves the CPU free. The layout keeps inference in one place so that i
 role that batches many workers (SEED-RL style) without changing the data the learner sees.
 
 `VLALearner` turns episode successes into group advantages and runs the clipped token-level GRPO loss of
-`rlfarm.algos.grpo` on every action token of the kept groups' policy calls.
+`rlfarm.algos.grpo` on every action token of the kept groups' policy calls (`rlfarm.algos.vla`).
 """
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import ray
 import torch
 
-from rlfarm.algos.grpo import grpo_advantages, grpo_loss, keep_groups
-from rlfarm.algos.ppo import approx_kl, clip_fraction
+from rlfarm.algos.vla import VLAConfig, group_signal, update_vla
 from rlfarm.envs.action_chunks import ActionChunkWrapper, ActionTokenizer
 from rlfarm.envs.vla_tasks import instruction_vocabulary, make_vla_task
 from rlfarm.models.lm import trainable_state_dict
 from rlfarm.models.vla import HFVLAActions, TinyVLA, load_hf_vla_actions, tiny_vla
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic
+from rlfarm.roles.versioned_weights import HeldWeights, Publication, publication
 from rlfarm.sync.local import HostSender
 
 BATCH_ARRAYS = ("image", "words", "proprio", "tokens", "logprobs", "called", "success", "steps")
-
-
-@dataclass(frozen=True)
-class VLAConfig:
-    env_id: str = "SapienPushCube"                # a task of rlfarm.envs.vla_tasks
-    env: dict = field(default_factory=dict)       # the task's keyword arguments
-    chunk_size: int = 4                           # K actions per policy call
-    bins: int = 256
-    model: dict = field(default_factory=dict)     # TinyVLA keyword arguments (width, ...)
-    groups_per_update: int = 8                    # initial states per update (B)
-    group_size: int = 8                           # rollouts per initial state (G)
-    temperature: float = 1.6
-    lr: float = 1e-3
-    max_grad_norm: float = 1.0
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    minibatches: int = 1
-    accuracy_low: float = 0.1                     # dynamic sampling: keep groups with low < accuracy < high
-    accuracy_high: float = 0.9
-    norm_std: bool = True
-    pipeline: bool = True
-    seed: int = 0
 
 
 def make_env(cfg: VLAConfig):
@@ -105,24 +82,23 @@ class VLARolloutWorker:
         self.calls = -(-self.envs[0].unwrapped.max_steps // cfg.chunk_size)  # policy calls per episode, at most
         self.generator = torch.Generator(self.device).manual_seed(cfg.seed * 7919 + index)
         self.env_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-group")
-        self.version = 0
+        self.weights = HeldWeights()
 
     def shapes(self) -> dict[str, int]:
         return self.policy_shapes
 
-    def load_weights(self, weights: tuple[list, int] | None) -> None:
-        """weights = ([ref], version), the ref boxed so that Ray hands it over unresolved."""
-        if weights is not None and weights[1] > self.version:
-            box, version = weights
-            state = box[0] if isinstance(box[0], dict) else ray.get(box[0])
-            # The learner sends its trainable tensors only (the adapters, under LoRA); the rest is the same
-            # on both sides: the same checkpoint or the same seed built it.
-            unexpected = self.policy.load_state_dict(state, strict=False).unexpected_keys
-            if unexpected:
-                raise KeyError(f"rollout policy has no tensor {unexpected[0]!r} ({len(unexpected)} unknown names)")
-            self.version = version
+    def load_weights(self, weights: Publication | None) -> None:
+        """The learner's `publish` (None: keep the weights held); loaded only if newer than those."""
+        self.weights.load_newer(weights, self._load_trainable)
 
-    def collect(self, weights: tuple[list, int] | None, seeds: list[int]) -> tuple[dict[str, Any], dict[str, float]]:
+    def _load_trainable(self, state: dict[str, torch.Tensor]) -> None:
+        # The learner sends its trainable tensors only (the adapters, under LoRA); the rest is the same
+        # on both sides: the same checkpoint or the same seed built it.
+        unexpected = self.policy.load_state_dict(state, strict=False).unexpected_keys
+        if unexpected:
+            raise KeyError(f"rollout policy has no tensor {unexpected[0]!r} ({len(unexpected)} unknown names)")
+
+    def collect(self, weights: Publication | None, seeds: list[int]) -> tuple[dict[str, Any], dict[str, float]]:
         """G episodes per seed. Returns (batch, stats): batch arrays are [N, C, ...] per policy call or [N] per
         episode (N = len(seeds) × G, C = calls per episode at most); stats hold the time breakdown."""
         self.load_weights(weights)
@@ -163,8 +139,8 @@ class VLARolloutWorker:
         stats = {"rollout_s": rollout_s, "env_s": state["env_s"], "infer_s": infer_s,
                  "overlap_s": max(0.0, state["env_s"] + infer_s - rollout_s), "inference_calls": calls,
                  "env_steps": env_steps, "episodes": n, "success_rate": float(batch["success"].mean()),
-                 "policy_version": self.version}
-        return batch | {"version": self.version}, stats
+                 "policy_version": self.weights.version}
+        return batch | {"version": self.weights.version}, stats
 
     @torch.no_grad()
     def _infer(self, live: np.ndarray, state: dict, batch: dict) -> np.ndarray:
@@ -205,45 +181,6 @@ def merge_batches(batches: list[dict]) -> dict:
         {"version": min(b["version"] for b in batches)}
 
 
-def group_signal(success: np.ndarray, cfg: VLAConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages [N], keep [B]): GRPO advantages of the episodes, and which groups pass dynamic sampling
-    (accuracy strictly between accuracy_low and accuracy_high, SimpleVLA-RL keeps 0.1 < acc < 0.9)."""
-    groups = torch.as_tensor(success, dtype=torch.float32).view(-1, cfg.group_size)
-    keep = keep_groups(groups, low=cfg.accuracy_low, high=cfg.accuracy_high)
-    return grpo_advantages(groups, norm_std=cfg.norm_std).view(-1), keep
-
-
-def update_vla(model: TinyVLA, optimizer: torch.optim.Optimizer, batch: dict, advantages: torch.Tensor,
-               episodes: torch.Tensor, cfg: VLAConfig, device: str = "cpu") -> dict[str, float]:
-    """`cfg.minibatches` clipped token-level GRPO steps over every policy call of the chosen episodes.
-    Every action token of an episode's calls gets that episode's advantage (the outcome reward is binary)."""
-    called = torch.as_tensor(batch["called"])[episodes]                           # [E, C]
-    rows = called.nonzero(as_tuple=True)
-    pick = lambda name: torch.as_tensor(batch[name])[episodes][rows].to(device)  # noqa: E731 - [R, ...]
-    image, words, proprio, tokens, old = (pick(name) for name in ("image", "words", "proprio", "tokens", "logprobs"))
-    row_advantages = advantages[episodes].unsqueeze(1).expand_as(called)[rows].to(device)
-    mask = torch.ones_like(old)
-    model.train()
-    totals = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.0}
-    for part in torch.randperm(len(tokens), device=device).chunk(cfg.minibatches):
-        logprobs = model.token_logprobs(image[part], words[part], proprio[part], tokens[part], cfg.temperature)
-        loss = grpo_loss(logprobs, old[part], row_advantages[part], mask[part], cfg.clip_low, cfg.clip_high)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-        optimizer.step()
-        with torch.no_grad():
-            adv = row_advantages[part].unsqueeze(1)
-            step = {"loss": float(loss), "grad_norm": float(grad_norm),
-                    "clip_fraction": float(clip_fraction(logprobs, old[part], adv, mask[part], cfg.clip_low,
-                                                         cfg.clip_high)),
-                    "approx_kl": float(approx_kl(logprobs, old[part], mask[part]))}
-        for name, value in step.items():
-            totals[name] += value / cfg.minibatches
-    model.eval()
-    return totals | {"policy_calls": float(len(tokens))}
-
-
 class VLALearner:
     def __init__(self, cfg: VLAConfig, shapes: dict[str, int] | None = None, threads: int = 1):
         """`shapes`: a worker's `shapes()`, so the learner need not build an env (a ManiSkill one starts a
@@ -255,11 +192,10 @@ class VLALearner:
                                            weight_decay=0.0)  # under LoRA, only the adapters
         self.version = 0
 
-    def publish(self) -> tuple[list, int]:
-        """The trainable tensors (LoRA adapters only, under LoRA: ~1% of an HF VLA's bytes), as CPU copies."""
+    def publish(self) -> Publication:
+        """The trainable tensors (LoRA adapters only, under LoRA: a small part of an HF VLA), as CPU copies."""
         self.version += 1
-        state = HostSender().send(trainable_state_dict(self.model))
-        return [ray.put(state) if ray.is_initialized() else state], self.version
+        return publication(HostSender().send(trainable_state_dict(self.model)), self.version)
 
     def update(self, *batches: dict) -> dict[str, float]:
         batch = merge_batches(list(batches))

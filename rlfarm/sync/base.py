@@ -19,6 +19,10 @@ class WeightSender(ABC):
 
 
 class WeightReceiver(ABC):
+    # True when `receive` meets the sender's `send` in a collective: the two must run at the same time, so the
+    # receiving side starts before the sender's call has returned (and reads what it returned afterwards).
+    meets_sender: bool = False
+
     @abstractmethod
     def receive(self, sent: Any = None) -> Iterator[dict[str, torch.Tensor]]:
         """The published tensors, part by part; a part is valid until the next one is asked for."""

@@ -108,6 +108,8 @@ class BroadcastSender(WeightSender):
 class BroadcastReceiver(WeightReceiver):
     """Ranks 1..N: reads the layout the sender published, then yields each bucket's tensors as it arrives."""
 
+    meets_sender = True
+
     def __init__(self, group: SyncGroup, buffers: int = 2):
         if group.rank == 0:
             raise ValueError("rank 0 of a sync group is the sender")

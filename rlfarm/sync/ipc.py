@@ -3,8 +3,8 @@
 The learner packs its tensors into one GPU buffer per dtype, allocated once for the run, and hands the engine
 the buffers' IPC handles (a few hundred bytes, pickled through Ray). The engine maps them once and copies
 straight into its weights. Per sync: one device copy on each side; the weights never touch the host and
-nothing is serialized, where the object store copies the whole state to host memory and back (~2 s for a
-0.5B model in bf16 on an H200; this path is a few ms).
+nothing is serialized, where the object store copies the whole state to host memory and back
+(docs/benchmarks.md compares the two on the 0.5B shape).
 
 The mapped memory belongs to the learner's process: the engine only reads it during `receive`, which ends
 with the engine's copies done, and the learner packs the next sync only after that call returned.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlfarm.errors import RlfarmError
-from rlfarm.telemetry.metrics import metric_tag
+from rlfarm.telemetry.tags import metric_tag
 
 MISSING = "logger=wandb needs `pip install wandb`"
 
@@ -26,7 +26,7 @@ def require_wandb():
 
 
 def wandb_options(cfg) -> dict | None:
-    """Keyword arguments for MetricsLogger(wandb=...) from a run's config: None unless cfg.logger.wandb is set."""
+    """Keyword arguments for WandbSink from a run's config: None unless cfg.logger.wandb is set."""
     from omegaconf import OmegaConf
 
     options = cfg.logger.get("wandb")

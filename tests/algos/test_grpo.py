@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from rlfarm.algos.grpo import grpo_advantages, grpo_loss, keep_groups, kl_k3, rloo_advantages
-from rlfarm.algos.registry import get_advantage, register_advantage
 
 
 def test_grpo_advantages_normalize_within_each_group():
@@ -37,15 +36,6 @@ def test_rloo_baseline_is_the_mean_of_the_others():
     # r = (1, 0, 0, 1): A_0 = 1 − (0 + 0 + 1)/3 = 2/3, A_1 = 0 − (1 + 0 + 1)/3 = −2/3
     torch.testing.assert_close(rloo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]])),
                                torch.tensor([[2 / 3, -2 / 3, -2 / 3, 2 / 3]]))
-
-
-def test_registry():
-    assert get_advantage("grpo") is grpo_advantages
-    assert get_advantage("rloo") is rloo_advantages
-    with pytest.raises(KeyError, match="known: gae, grpo, rloo"):
-        get_advantage("nope")
-    with pytest.raises(ValueError, match="already registered"):
-        register_advantage("grpo")(lambda rewards: rewards)
 
 
 def test_kl_k3():

@@ -6,7 +6,6 @@ import torch
 
 from rlfarm.algos.ppo import (approx_kl, clip_fraction, clipped_surrogate, entropy_from_logits, gae, masked_mean,
                               policy_loss, value_loss)
-from rlfarm.algos.registry import get_advantage
 
 
 def test_masked_mean_and_shared_count():
@@ -47,10 +46,6 @@ def test_gae_with_lambda_one_is_the_discounted_return_minus_value():
     # G0 = 1 + .5·2 + .25·3 + .125·4 = 3.25; G1 = 2 + .5·3 + .25·4 = 4.5; G2 = 3 + .5·4 = 5
     torch.testing.assert_close(returns, torch.tensor([[3.25], [4.5], [5.0]]))
     torch.testing.assert_close(advantages, returns - values)
-
-
-def test_gae_is_registered():
-    assert get_advantage("gae") is gae
 
 
 def test_clipped_surrogate_hand_values():

@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 import torch
 
-from rlfarm.algos.grpo_trainer import GRPOConfig
+from rlfarm.algos.grpo_lm import GRPOConfig
 from rlfarm.algos.ppo_lm import last_token, token_gae, whiten
-from rlfarm.roles.onpolicy import EngineRole, PolicyLearner, ScorerRole
+from rlfarm.roles.llm import EngineRole, LMLearner, TextLabeler
 
 CFG = GRPOConfig(prompts_per_step=6, group_size=1, filter_groups=False, advantage="gae", minibatches=2, seed=0)
 
@@ -36,8 +36,8 @@ def test_last_token_and_whiten_see_only_real_tokens():
 
 
 def test_the_critic_values_the_state_that_chose_each_response_token():
-    learner = PolicyLearner(CFG)
-    critic = learner.critic
+    learner = LMLearner(CFG)
+    critic = learner.critic.model
     assert torch.equal(critic.head.weight, torch.zeros_like(critic.head.weight))  # starts at V = 0
     torch.nn.init.normal_(critic.head.weight)
     (rollout, _) = EngineRole(CFG).generate()
@@ -58,9 +58,9 @@ def test_the_critic_values_the_state_that_chose_each_response_token():
 
 def test_an_update_fits_the_critic_and_raises_the_better_samples_logprobs(one_torch_thread):
     generated = EngineRole(CFG).generate()
-    rewards = ScorerRole(CFG).score(generated)
+    rewards = TextLabeler(CFG).score(generated)
     assert rewards.max() > rewards.min()
-    learner = PolicyLearner(dataclasses.replace(CFG, lr=3e-3, critic_lr=3e-3))
+    learner = LMLearner(dataclasses.replace(CFG, lr=3e-3, critic_lr=3e-3))
     rollout = generated[0]
 
     def logprobs():
@@ -83,25 +83,26 @@ def test_an_update_fits_the_critic_and_raises_the_better_samples_logprobs(one_to
 
 def test_critic_micro_batches_update_like_whole_minibatches(one_torch_thread):
     generated = EngineRole(CFG).generate()
-    rewards = ScorerRole(CFG).score(generated)
-    whole, pieces = PolicyLearner(CFG), PolicyLearner(dataclasses.replace(CFG, micro_batch_size=2))
+    rewards = TextLabeler(CFG).score(generated)
+    whole, pieces = LMLearner(CFG), LMLearner(dataclasses.replace(CFG, micro_batch_size=2))
     results = []
     for learner in (whole, pieces):
         torch.manual_seed(1)  # the same minibatch permutations
         results.append(learner.update(generated, rewards))
     for key in ("loss", "value_loss", "grad_norm"):
         assert results[1][key] == pytest.approx(results[0][key], rel=1e-5, abs=1e-6), key
-    for (name, a), (_, b) in zip(whole.critic.named_parameters(), pieces.critic.named_parameters()):
+    for (name, a), (_, b) in zip(whole.critic.model.named_parameters(), pieces.critic.model.named_parameters()):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=name)
 
 
 def test_a_checkpoint_holds_the_critic_and_its_optimizer(tmp_path, one_torch_thread):
     generated = EngineRole(CFG).generate()
-    learner = PolicyLearner(CFG)
-    learner.update(generated, ScorerRole(CFG).score(generated))
+    learner = LMLearner(CFG)
+    learner.update(generated, TextLabeler(CFG).score(generated))
     learner.save(str(tmp_path / "c.pt"), {"updates": 1})
-    restored = PolicyLearner(CFG)
+    restored = LMLearner(CFG)
     assert restored.load(str(tmp_path / "c.pt")) == {"updates": 1}
-    for (name, a), (_, b) in zip(learner.critic.state_dict().items(), restored.critic.state_dict().items()):
+    for (name, a), (_, b) in zip(learner.critic.model.state_dict().items(), restored.critic.model.state_dict().items()):
         assert torch.equal(a, b), name
-    assert restored.critic_optimizer.state_dict()["state"].keys() == learner.critic_optimizer.state_dict()["state"].keys()
+    optimizer_state = [c.critic.optimizer.state_dict()["state"] for c in (restored, learner)]
+    assert optimizer_state[0].keys() == optimizer_state[1].keys()

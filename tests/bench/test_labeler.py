@@ -10,7 +10,7 @@ from helpers import rlfarm
 from rlfarm.bench.farm import ChunkProducer, box_spaces, store_only_learner_args
 from rlfarm.config import compose
 from rlfarm.roles.labeler import Labeler
-from rlfarm.roles.learner import Learner
+from rlfarm.roles.sac_learner import SACLearner
 
 
 @pytest.mark.slow  # Ray, a CLIP tower and three phases of actors: ~30-60 s on two cores
@@ -32,14 +32,14 @@ def test_labeler_bench_command_on_cpu_writes_every_figure_with_its_baseline(tmp_
 
 def test_producer_plays_a_runner_credits_and_acks_with_the_real_roles(ray_cpu):
     """A producer spends a credit per chunk and gets it back only when the learner acks: a real Labeler labels
-    its chunks; a real Learner whose loop is not started stores nothing and acks nothing."""
+    its chunks; a real SACLearner whose loop is not started stores nothing and acks nothing."""
     ray = ray_cpu
     fields = {"obs": ([3], "float32"), "next_obs": ([3], "float32"), "action": ([1], "float32"),
               "terminated": ([], "bool"), "truncated": ([], "bool"), "env_reward": ([], "float32")}
     producer = ray.remote(ChunkProducer).options(max_concurrency=4).remote(0, fields, 8, 2)
     reward = OmegaConf.to_container(compose("train", []).reward)
     labeler = ray.remote(Labeler).options(max_concurrency=4).remote(0, reward, 8, 0.01, 1)
-    learner = ray.remote(Learner).options(max_concurrency=4).remote(*store_only_learner_args(box_spaces(3, 1)))
+    learner = ray.remote(SACLearner).options(max_concurrency=4).remote(*store_only_learner_args(box_spaces(3, 1)))
     ray.get([producer.set_labelers.remote([labeler]), labeler.set_learner.remote(learner),
              learner.set_runners.remote([producer])])
     labeler.run.remote()

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rlfarm.algos.sac import SACAgent
-from rlfarm.algos.sac_graph import GraphedSACUpdates, SACStep, fixed_draw, replay_draw, squashed_sample
+from rlfarm.algos.sac_graph import (GraphedSACUpdates, ReplayUpdates, SACStep, fixed_draw, replay_draw,
+                                    squashed_sample)
 from rlfarm.bench.learner import kernel_kind
 from rlfarm.models.mlp import EnsembleQ, SquashedGaussianActor
 from helpers import rlfarm
@@ -107,12 +108,17 @@ def test_schedule_must_line_up_with_policy_frequency():
 
 
 def test_replay_draw_samples_only_filled_rows():
+    from rlfarm.buffers.replay import ReplayBuffer
+    from rlfarm.buffers.sampler import UniformSampler
+    from rlfarm.buffers.storage import TensorStorage
+
     agent = make_agent()
     capacity, filled = 1000, 10
-    fields = {"obs": torch.full((capacity, OBS), -1.0), "reward": torch.full((capacity,), -1.0)}
-    fields["obs"][:filled] = torch.arange(filled, dtype=torch.float32)[:, None]
-    fields["reward"][:filled] = torch.arange(filled, dtype=torch.float32)
-    draw = replay_draw(fields, torch.tensor(float(filled), dtype=torch.float64), BATCH, 4, agent)
+    buffer = ReplayBuffer(TensorStorage(capacity), UniformSampler(BATCH))
+    buffer.extend({"obs": torch.full((capacity, OBS), -1.0), "reward": torch.full((capacity,), -1.0)})
+    buffer.storage.fields["obs"][:filled] = torch.arange(filled, dtype=torch.float32)[:, None]
+    buffer.storage.fields["reward"][:filled] = torch.arange(filled, dtype=torch.float32)
+    draw = replay_draw(buffer, torch.tensor(float(filled), dtype=torch.float64), 4, agent)
     batches, noise = draw()
     assert batches["obs"].shape == (4, BATCH, OBS) and batches["reward"].shape == (4, BATCH)
     assert noise.shape == (4, 1 + agent.policy_frequency, BATCH, ACT)
@@ -137,40 +143,43 @@ def test_bench_learner_on_cpu_writes_rows_with_ratios(tmp_path):
     assert "ratio" in out.stdout  # the table
 
 
-def random_storage(rows, device):
+def random_buffer(rows, device):
+    from rlfarm.buffers.replay import ReplayBuffer
+    from rlfarm.buffers.sampler import UniformSampler
     from rlfarm.buffers.storage import TensorStorage
 
-    storage = TensorStorage(rows, device)
+    buffer = ReplayBuffer(TensorStorage(rows, device), UniformSampler(BATCH, generator_seed=0))
     g = torch.Generator().manual_seed(1)
-    storage.extend({"obs": torch.randn(rows, OBS, generator=g), "action": torch.rand(rows, ACT, generator=g) * 3 - 1,
+    buffer.extend({"obs": torch.randn(rows, OBS, generator=g), "action": torch.rand(rows, ACT, generator=g) * 3 - 1,
                     "reward": torch.randn(rows, generator=g), "next_obs": torch.randn(rows, OBS, generator=g),
                     "terminated": torch.zeros(rows)})
-    return storage
+    return buffer
 
 
-def check_update_from_storage(device):
-    agent = make_agent(device, graph_updates=4)
-    storage = random_storage(300, device)
+def check_replay_updates(device):
+    agent = make_agent(device)
+    updates = ReplayUpdates(agent, random_buffer(300, device), graph_updates=4)
     # detach(): a clone that records autograd history would keep the parameters' gradient accumulators
     # (made on the default stream) alive, and backward inside a later capture would wait on that stream.
     before = [p.detach().clone() for p in state(agent)]
-    agent.update_from_storage(storage, BATCH, 3)  # fewer than graph_updates: one by one
-    assert agent.updates == 3 and agent._fast is None
+    updates(3)  # fewer than graph_updates: one by one
+    assert agent.updates == 3 and updates._graphed is None
     # One eager update to get back in step with policy_frequency, then two calls of 4.
-    metrics = agent.update_from_storage(storage, BATCH, 9)
-    assert agent.updates == 12 and agent._fast is not None
+    metrics = updates(9)
+    assert agent.updates == 12 and updates._graphed is not None
     assert set(metrics) == {"critic_loss", "actor_loss", "entropy", "alpha"}
     assert all(torch.isfinite(v).all() for v in metrics.values())
     assert all(not torch.equal(a, b) for a, b in zip(before, state(agent)))
     # A restored checkpoint has new optimizer state tensors: the fast path is rebuilt, and keeps updating.
     agent.load_state_dict(agent.state_dict())
-    assert agent._fast is None
-    agent.update_from_storage(storage, BATCH, 4)
+    updates.reset()
+    assert updates._graphed is None
+    updates(4)
     assert agent.updates == 16
 
 
-def test_agent_updates_from_storage_through_the_fast_path():
-    check_update_from_storage("cpu")
+def test_replay_updates_mix_graph_calls_and_eager_updates():
+    check_replay_updates("cpu")
 
 
 def test_kernel_names_sort_into_kinds():
@@ -204,5 +213,5 @@ def test_graph_equals_eager_updates_on_cuda(compile, compile_optimizers):
 
 
 @pytest.mark.gpu
-def test_agent_updates_from_storage_with_graphs_on_cuda():
-    check_update_from_storage("cuda")
+def test_replay_updates_with_graphs_on_cuda():
+    check_replay_updates("cuda")

@@ -48,3 +48,12 @@ def test_state_dict_round_trip():
 def test_empty_sample_raises():
     with pytest.raises(RuntimeError):
         ReplayBuffer(TensorStorage(4), UniformSampler(2)).sample()
+
+
+def test_sample_into_fills_the_index_from_the_filled_rows_only():
+    index = torch.full((4, 256), -1, dtype=torch.long)
+    size = torch.tensor(10.0, dtype=torch.float64)  # a tensor, so a captured graph follows the buffer's growth
+    assert UniformSampler(256).sample_into(index, size) is index
+    assert index.min() >= 0 and index.max() < 10 and len(index.unique()) == 10
+    size.fill_(3.0)
+    assert UniformSampler(256).sample_into(index, size).max() < 3

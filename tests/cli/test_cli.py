@@ -58,27 +58,6 @@ def test_multirun_sweep_gives_one_run_dir_each(tmp_path):
     assert seeds == {1, 2}
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["train", "algo=nope"], "unknown algo 'nope'"),
-    (["train", "total_env_steps=-1"], "total_env_steps must be > 0"),
-    (["train", "algo.lr=abc"], "algo.lr must be a number"),
-    (["train", "nope_key=1"], "unknown config key 'nope_key'"),
-    (["train", "env.id=Pendulm-v1"], "unknown env id 'Pendulm-v1'"),
-    (["train", "topology=split_1_3"], "needs 4 GPUs but the cluster has"),
-    (["plan", "topology=split_1_3"], "needs 4 GPUs but the cluster has"),
-    (["train", "-m", "algo=sac,nope"], "unknown algo 'nope'"),
-    (["frobnicate"], "unknown command"),
-])
-def test_bad_input_is_one_clear_line(tmp_path, args, needle):
-    started = time.monotonic()
-    out = rlfarm(*args, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path) if args[0] != "frobnicate" else rlfarm(*args)
-    assert out.returncode == 2
-    assert time.monotonic() - started < 15  # 5 s on an idle machine; CI shares its cores
-    lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and needle in lines[0], out.stderr
-    assert not (tmp_path / "run").exists()  # nothing left that looks like a run
-
-
 def test_plan_with_declared_gpus_prints_gpu_ids():
     out = rlfarm("plan", "topology=split_1_3", "ray.num_gpus=4", "ray.num_cpus=16")
     assert out.returncode == 0, out.stderr[-2000:]

@@ -1,20 +1,10 @@
 """One tiny real training sweep (2 seeds, via the CLI in a subprocess) shared by the eval and report tests."""
-import os
-import subprocess
-import sys
-
 import pytest
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+from helpers import TINY_SAC, rlfarm
+
 # 400 env steps in 50-step Pendulum episodes: 8 episodes a run, returns logged, a checkpoint written.
-TINY = ["total_env_steps=400", "algo.learning_starts=200", "algo.batch_size=32", "algo.chunk_steps=16",
-        "model.actor.hidden=[32,32]", "model.critic.hidden=[32,32]", "run.live=false", "logger=none",
-        "+env.kwargs.max_episode_steps=50"]
-
-
-def rlfarm(*args, cwd=None, timeout=600):
-    return subprocess.run([sys.executable, "-m", "rlfarm.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=ENV)
+TINY = ["total_env_steps=400", *TINY_SAC, "run.live=false", "logger=none", "+env.kwargs.max_episode_steps=50"]
 
 
 @pytest.fixture(scope="session")

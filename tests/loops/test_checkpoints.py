@@ -35,6 +35,14 @@ def test_periodic_checkpoints_keep_the_newest_two(tmp_path):
     assert sorted(p.name for p in loop.run.checkpoint_dir.iterdir()) == ["step_000000006.pt", "step_000000008.pt"]
 
 
+def test_a_resumed_loop_counts_the_next_checkpoint_from_the_checkpoint_it_resumed(tmp_path):
+    loop = Loop(tmp_path, every_updates=4)
+    loop.schedule_checkpoints_from(8)  # what a resume from a checkpoint at update 8 does
+    for updates in range(9, 13):
+        loop._maybe_checkpoint(updates)
+    assert sorted(p.name for p in loop.run.checkpoint_dir.iterdir()) == ["step_000000012.pt"]
+
+
 def test_a_failure_after_sigterm_is_a_preemption_with_preempted_pt(tmp_path):
     loop = Loop(tmp_path)
     loop.request_preemption()

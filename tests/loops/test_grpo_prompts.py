@@ -3,14 +3,12 @@ tokenizer (a tiny random Qwen2 + byte-level BPE tokenizer saved offline). It can
 these tests check that the path runs end to end, that rewards come from decoded completions, and that bad input
 fails in one line before anything is written."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+from helpers import metrics_rows, one_line_error, read_summary, train
+
 LORA = "model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"
 
 
@@ -31,18 +29,14 @@ def prompt_file(tmp_path_factory):
     return str(path)
 
 
-def rlfarm_train(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", "run.live=false", *args],
-                          capture_output=True, text=True, timeout=timeout, env=ENV)
-
 
 def test_scorer_decodes_with_the_model_tokenizer_and_the_verifier_reads_the_last_number(lm_folder, prompt_file):
     """Completions end in EOS then padding; specials are skipped, so '... #### 43<|im_end|>' scores 1."""
-    from rlfarm.algos.grpo_trainer import GRPOConfig
-    from rlfarm.engines.base import Rollout
+    from rlfarm.algos.grpo_lm import GRPOConfig
+    from rlfarm.data import Rollout
     from rlfarm.envs.hf_tokenizer import HFTokenizer
     from rlfarm.envs.text_tasks import TextTaskSpec
-    from rlfarm.roles.onpolicy import ScorerRole
+    from rlfarm.roles.llm import TextLabeler
 
     tokenizer = HFTokenizer.from_pretrained(lm_folder)
     texts = ["3 + 40 = 43 apples. #### 43", "The answer is 43", "<|im_start|>43<|im_end|>", "44", ""]
@@ -54,22 +48,21 @@ def test_scorer_decodes_with_the_model_tokenizer_and_the_verifier_reads_the_last
                       response_ids=response, response_mask=mask, logprobs=torch.zeros(response.shape), group_size=5,
                       temperature=1.0, weight_version=0)
     cfg = GRPOConfig(model=lm_folder, verifier="last_number")
-    scorer = ScorerRole(cfg, TextTaskSpec("prompts", path=prompt_file, tokenizer=lm_folder))
+    scorer = TextLabeler(cfg, TextTaskSpec("prompts", path=prompt_file, tokenizer=lm_folder))
     assert scorer.score((rollout, ["3 + 40 = 43 apples.\n#### 43"])).tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
 
 
 @pytest.mark.slow
 def test_grpo_on_a_prompt_file_with_a_loaded_model_runs_through_the_roles(tmp_path, lm_folder, prompt_file):
     run_dir = tmp_path / "run"
-    out = rlfarm_train("algo=grpo", "topology=local_llm", "reward=verifier", "env=prompts", f"env.path={prompt_file}",
-                       "env.chat_template=true", "env.max_new_tokens=8", "model=hf_lm", f"model.source={lm_folder}",
-                       LORA, "algo.max_updates=2", "algo.prompts_per_step=4", "algo.group_size=4",
-                       "algo.filter_groups=false",  # keep all-zero groups: the update runs even on 0 rewards
-                       f"hydra.run.dir={run_dir}")
+    out = train(run_dir, "algo=grpo", "topology=local_llm", "reward=verifier", "env=prompts", f"env.path={prompt_file}",
+                "env.chat_template=true", "env.max_new_tokens=8", "model=hf_lm", f"model.source={lm_folder}",
+                LORA, "algo.max_updates=2", "algo.prompts_per_step=4", "algo.group_size=4",
+                "algo.filter_groups=false")  # keep all-zero groups: the update runs even on 0 rewards
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = read_summary(run_dir)
     assert summary["updates"] == 2 and summary["samples"] == 2 * 4 * 4 and 0.0 <= summary["reward_mean"] <= 1.0
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(run_dir)
     assert len(rows) == 2 and all(0.0 <= row["reward"] <= 1.0 for row in rows)
     assert all(0 < row["response_len"] <= 8 and "loss" in row and row["staleness"] == 0 for row in rows)
     config = (run_dir / "config.yaml").read_text()
@@ -100,11 +93,10 @@ def test_bad_prompt_input_is_one_line_and_leaves_no_run_dir(tmp_path, lm_folder,
     (tmp_path / "no-template" / "tokenizer_config.json").write_text(json.dumps({"chat_template": None}))
     for key, value in {"{tmp}": str(tmp_path), "{data}": prompt_file, "{model}": lm_folder}.items():
         args, needle = [a.replace(key, value) for a in args], needle.replace(key, value)
-    out = rlfarm_train("algo=grpo", "topology=local_llm", "reward=verifier", "env=prompts", "model=hf_lm", *args,
-                       f"hydra.run.dir={tmp_path}/run", timeout=120)
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
-    assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
+    out = train(tmp_path / "run", "algo=grpo", "topology=local_llm", "reward=verifier", "env=prompts", "model=hf_lm",
+                *args, timeout=120)
+    line = one_line_error(out)
+    assert line.startswith("error: ") and needle in line, line
     assert not (tmp_path / "run").exists()
 
 

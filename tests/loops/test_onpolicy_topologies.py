@@ -2,15 +2,11 @@
 the learner's GPU (colocated: it sleeps while the learner trains) or has its own (split_1_1). On a CPU
 machine the GPUs are declared to Ray, so the real placement groups are built and the roles run on CPU. Nor may
 data parallelism: two learner ranks (split_2_1, gloo here; DDP or FSDP) give the one learner's first loss."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-SHORT = ["experiment=grpo_digits", "run.live=false", "algo.max_updates=2", "algo.prompts_per_step=4", "seed=3"]
+from helpers import metrics_rows, read_summary, train
+
+SHORT = ["experiment=grpo_digits", "algo.max_updates=2", "algo.prompts_per_step=4", "seed=3"]
 
 
 RUNS: dict[str, list[dict]] = {}  # topology → metrics rows, one run each per session (split_1_1 serves two tests)
@@ -21,13 +17,11 @@ def first_rows(tmp_path, topology, gpus, *overrides):
     if key in RUNS:
         return RUNS[key]
     run_dir = tmp_path / key.replace(" ", "_").replace("=", "-")
-    out = subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", *SHORT, f"topology={topology}",
-                          f"ray.num_gpus={gpus}", "ray.num_cpus=8", f"hydra.run.dir={run_dir}", *overrides],
-                         capture_output=True, text=True, timeout=600, env=ENV)
+    out = train(run_dir, *SHORT, f"topology={topology}", f"ray.num_gpus={gpus}", "ray.num_cpus=8", *overrides)
     assert out.returncode == 0, out.stderr[-3000:]
-    RUNS[key] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    RUNS[key] = metrics_rows(run_dir)
     if topology == "split_2_1":
-        assert json.loads((run_dir / "summary.json").read_text())["learner_ranks"] == 2
+        assert read_summary(run_dir)["learner_ranks"] == 2
         assert (run_dir / "checkpoints" / "final.pt").exists()  # rank 0 wrote it (under FSDP: gathered)
     return RUNS[key]
 

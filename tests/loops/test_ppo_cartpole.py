@@ -7,11 +7,15 @@ import sys
 import time
 
 import pytest
+import ray
 import torch
 
+from rlfarm.cluster import ray_session
 from rlfarm.config import compose
 from rlfarm.evaluation import build_actor, load_trained_run, play_episode
-from rlfarm.topology import plan_topology
+from rlfarm.loops.ppo import PPOLoop
+from rlfarm.run import Run
+from rlfarm.topology import PlacedTopology, plan_topology
 from helpers import ENV, rlfarm
 
 
@@ -91,3 +95,27 @@ def test_ppo_sigterm_checkpoints_then_resume_auto_finishes_the_same_cycles(tmp_p
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] == 2000 and summary["updates"] == 32  # 31 cycles of 2 × 32 steps, then 2 × 8
     assert [row["updates"] for row in read_rows(run_dir)] == list(range(1, 33))  # none lost, none repeated
+
+
+def test_ppo_resume_keeps_the_periodic_checkpoint_schedule(tmp_path):
+    """With run.checkpoint_every_updates=4, a run that stopped after update 8 and resumes for two more updates
+    writes no periodic checkpoint: the next one is due at 12, counted from the checkpoint it resumed (a loop that
+    forgets the resume's update counts from 0 and writes step_9 at once). In-process: one Ray for both runs."""
+    overrides = ["algo=ppo", "env=pendulum", "env.num_envs=2", "algo.epochs=1", "run.live=false", "logger=none",
+                 "run.checkpoint_every_updates=4", "run.checkpoint_every_min=0"]
+    cfg = compose("train", [*overrides, "total_env_steps=512"])  # 8 cycles of 2 × 32 steps
+    plan = plan_topology(cfg.topology, cfg.algo.family)
+    with ray_session(cfg.ray, plan):
+        placed = PlacedTopology(plan, float(cfg.ray.ready_timeout_s))
+        run = Run(cfg, tmp_path)
+        first = PPOLoop(cfg, run, placed)
+        assert first.train()["updates"] == 8
+        final = first.checkpoint()
+        for actor in [first.learner, *first.runners]:  # frees the placement for the resumed run's roles
+            ray.kill(actor)
+        longer = compose("train", [*overrides, "total_env_steps=640"])  # two more cycles
+        summary = PPOLoop(longer, run, placed, resume_from=final).train()
+        run.metrics.close()
+    assert summary["updates"] == 10 and summary["env_steps"] == 640
+    assert sorted(p.name for p in run.checkpoint_dir.glob("step_*.pt")) == ["step_000000004.pt", "step_000000008.pt"]
+    assert [row["updates"] for row in read_rows(tmp_path)] == list(range(1, 11))

@@ -1,19 +1,13 @@
 """`rlfarm train experiment=ppo_lm_digits`: token-level PPO with a critic, through the same Ray roles as GRPO
 (engine → scorer → learner with its critic → sync), learns to copy 4 digits from scratch on CPU."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+from helpers import metrics_rows, read_summary
+from helpers import train as rlfarm_train
 
 
 def train(run_dir, *overrides, timeout=900):
-    return subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", "experiment=ppo_lm_digits",
-                           f"hydra.run.dir={run_dir}", "run.live=false", *overrides], capture_output=True, text=True,
-                          timeout=timeout, env=ENV)
+    return rlfarm_train(run_dir, "experiment=ppo_lm_digits", *overrides, timeout=timeout)
 
 
 @pytest.mark.slow
@@ -21,10 +15,10 @@ def test_ppo_lm_digits_reaches_095_within_5_minutes(tmp_path):
     run_dir = tmp_path / "run"
     out = train(run_dir)
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = read_summary(run_dir)
     assert summary["reward_mean"] >= 0.95 and summary["reached_target"], summary
     assert summary["wall_s"] <= 300
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(run_dir)
     assert rows[0]["reward"] < 0.3  # it started near chance
     assert rows[-1]["value_loss"] < rows[0]["value_loss"] or rows[-1]["value_rmse"] < 0.1  # the critic learned
 
@@ -34,9 +28,9 @@ def test_ppo_lm_runs_through_the_roles(tmp_path):
     run_dir = tmp_path / "run"
     out = train(run_dir, "algo.max_updates=3", "algo.prompts_per_step=8", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = read_summary(run_dir)
     assert summary["updates"] == 3 and summary["samples"] == 3 * 8
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(run_dir)
     assert all("value_loss" in row and "value_rmse" in row for row in rows)
     import torch
     assert "critic" in torch.load(run_dir / "checkpoints" / "final.pt", weights_only=True)

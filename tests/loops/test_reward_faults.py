@@ -1,20 +1,17 @@
 """Reward-model faults: a retry absorbs transient ones; persistent ones are quarantined, counted and reported —
 never a silent zero reward."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-TINY = ["total_env_steps=800", "algo.learning_starts=200", "algo.batch_size=32", "algo.chunk_steps=16",
-        "model.actor.hidden=[32,32]", "model.critic.hidden=[32,32]", "run.live=false", "labeler.bus_items=16"]
+from helpers import TINY_SAC
+from helpers import train as rlfarm_train
+
+TINY = ["total_env_steps=800", *TINY_SAC, "labeler.bus_items=16"]
 
 
 def train(run_dir, *overrides):
-    return subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", f"hydra.run.dir={run_dir}", *TINY, *overrides],
-                          capture_output=True, text=True, timeout=300, env=ENV)
+    return rlfarm_train(run_dir, *TINY, *overrides, timeout=300)
 
 
 def test_transient_failures_are_retried_and_nothing_is_lost(tmp_path):

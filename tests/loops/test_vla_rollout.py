@@ -5,7 +5,8 @@ import torch
 
 pytest.importorskip("sapien", reason="SAPIEN is an optional extra: pip install -e .[sim]")
 
-from rlfarm.roles.vla import VLAConfig, VLALearner, VLARolloutWorker, group_signal  # noqa: E402
+from rlfarm.algos.vla import VLAConfig, group_signal  # noqa: E402
+from rlfarm.roles.vla import VLALearner, VLARolloutWorker  # noqa: E402
 
 CFG = VLAConfig(groups_per_update=2, group_size=4, model={"width": 32}, seed=3)
 

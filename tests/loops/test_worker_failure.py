@@ -4,41 +4,27 @@ with every produced transition labeled and stored exactly once."""
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-RUN = ["total_env_steps=6000", "algo.learning_starts=200", "algo.utd_ratio=0.25", "algo.batch_size=32", "algo.chunk_steps=16",
-       "model.actor.hidden=[32,32]", "model.critic.hidden=[32,32]", "run.live=false", "run.checkpoint=false",
+from helpers import TINY_SAC, metrics_rows, start_train, wait_for
+
+RUN = ["total_env_steps=6000", *TINY_SAC, "algo.utd_ratio=0.25", "run.checkpoint=false",
        "topology.roles.env_runner.count=2", "topology.roles.labeler.count=2", "ray.num_cpus=4"]
 
 
-def wait_for(predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def last_row(run_dir):
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return json.loads(lines[-1]) if lines else None
+def learning(run_dir) -> bool:
+    rows = metrics_rows(run_dir)
+    return bool(rows) and rows[-1].get("updates", 0) > 50
 
 
 @pytest.mark.slow
 def test_killed_labeler_and_runner_restart_and_nothing_is_lost(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "rlfarm.cli", "train", f"hydra.run.dir={run_dir}", *RUN],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
+    proc = start_train(run_dir, *RUN)
     try:
         # Mid-run: learning has started and data is flowing through both labelers.
-        assert wait_for(lambda: (last_row(run_dir) or {}).get("updates", 0) > 50, 240), "the run did not start"
+        assert wait_for(lambda: learning(run_dir), 240), "the run did not start"
         roles = {(r["role"], r["index"]): r["pid"] for r in json.loads((run_dir / "roles.json").read_text())}
         killed = {"labeler": roles[("labeler", 0)], "env_runner": roles[("env_runner", 1)]}
         os.kill(killed["labeler"], signal.SIGKILL)
@@ -71,11 +57,9 @@ def test_killed_labeler_and_runner_restart_and_nothing_is_lost(tmp_path):
 @pytest.mark.slow
 def test_a_worker_that_keeps_dying_ends_the_run_with_one_line(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "rlfarm.cli", "train", f"hydra.run.dir={run_dir}", *RUN,
-                             "run.max_restarts=0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
+    proc = start_train(run_dir, *RUN, "run.max_restarts=0")
     try:
-        assert wait_for(lambda: (last_row(run_dir) or {}).get("updates", 0) > 50, 240), "the run did not start"
+        assert wait_for(lambda: learning(run_dir), 240), "the run did not start"
         pid = next(r["pid"] for r in json.loads((run_dir / "roles.json").read_text()) if r["role"] == "labeler")
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=120)

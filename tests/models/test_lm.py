@@ -74,17 +74,17 @@ def test_a_loaded_model_keeps_its_own_vocabulary_and_takes_lora(lm_folder):
 @pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
 def test_engine_and_learner_roles_load_the_same_policy_and_agree_on_logprobs(ray_cpu, one_torch_thread, lm_folder,
                                                                             tmp_path, lora):
-    """EngineRole and PolicyLearner each load model.source; the engine's logprobs are π_old, so they must equal
+    """EngineRole and LMLearner each load model.source; the engine's logprobs are π_old, so they must equal
     what the learner recomputes for the same tokens (the chat-templated prompts of a prompt file)."""
-    from rlfarm.algos.grpo_trainer import GRPOConfig
+    from rlfarm.algos.grpo_lm import GRPOConfig
     from rlfarm.envs.text_tasks import TextTaskSpec
-    from rlfarm.roles.onpolicy import EngineRole, PolicyLearner
+    from rlfarm.roles.llm import EngineRole, LMLearner
 
     path = tmp_path / "arith.jsonl"
     path.write_text("".join(f'{{"question": "What is {i} plus {i}?", "answer": "{2 * i}"}}\n' for i in range(6)))
     cfg = GRPOConfig(model=lm_folder, lora=lora, prompts_per_step=3, group_size=4, temperature=0.8, seed=2)
     task = TextTaskSpec("prompts", path=str(path), max_new_tokens=6, chat_template=True, tokenizer=lm_folder, seed=2)
-    engine, learner = EngineRole(cfg, task=task), PolicyLearner(cfg)
+    engine, learner = EngineRole(cfg, task=task), LMLearner(cfg)
     rollout, answers = engine.generate()
     assert rollout.response_ids.shape[0] == 12 and len(answers) == 3 and rollout.response_ids.shape[1] <= 6
     assert int(rollout.prompt_ids.max()) < 300 and int(rollout.response_ids.max()) < 320

@@ -8,6 +8,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+import rlfarm.schemas  # noqa: F401 - stores the schemas that conf/ names in Hydra's ConfigStore
 from rlfarm.envs import VectorEnv
 from rlfarm.rewards import ClipReward, RewardModelError, goal_baseline_reward
 

@@ -4,6 +4,7 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+import rlfarm.schemas  # noqa: F401 - stores the schemas that conf/ names in Hydra's ConfigStore
 from rlfarm.rewards import EnvReward
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

@@ -6,6 +6,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+import rlfarm.schemas  # noqa: F401 - stores the schemas that conf/ names in Hydra's ConfigStore
 from rlfarm.rewards import BrightnessReward, ModuleReward, RewardModelError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

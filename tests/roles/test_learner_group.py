@@ -5,12 +5,12 @@ batch. The batch is cut into uneven shards on purpose (9 rows, 2 minibatches of 
 import pytest
 import torch
 
-from rlfarm.algos.grpo_trainer import GRPOConfig
+from rlfarm.algos.grpo_lm import GRPOConfig
 from rlfarm.config import compose
-from rlfarm.distributed import shard_rows
-from rlfarm.loops.onpolicy import learner_rank_options
+from rlfarm.data_parallel import shard_rows
+from rlfarm.loops.llm import learner_rank_options
 from rlfarm.roles.learner_group import start_learner_group
-from rlfarm.roles.onpolicy import EngineRole, PolicyLearner, ScorerRole
+from rlfarm.roles.llm import EngineRole, LMLearner, TextLabeler
 from rlfarm.topology import PlacedTopology, plan_topology
 
 CFG = GRPOConfig(prompts_per_step=3, group_size=3, filter_groups=False, minibatches=2, seed=0)
@@ -52,10 +52,10 @@ def test_two_ranks_update_like_one_learner_on_the_whole_batch(ray_cpu, one_torch
     ray = ray_cpu
     cfg = dataclasses.replace(CFG, lora=lora)
     generated = EngineRole(cfg).generate()
-    rewards = ScorerRole(cfg).score(generated)
+    rewards = TextLabeler(cfg).score(generated)
     lengths = generated[0].response_mask.sum(1)
     assert lengths.min() < lengths.max()  # unequal token counts across shards
-    single = PolicyLearner(cfg)
+    single = LMLearner(cfg)
     trainable = {name for name, p in single.model.named_parameters() if p.requires_grad}
     before = parameters(single.model)
     expected = single.update(generated, rewards)
@@ -68,16 +68,14 @@ def test_two_ranks_update_like_one_learner_on_the_whole_batch(ray_cpu, one_torch
         assert len(group.ranks) == 2 and len(set(group.gpu_ids)) == 2 and min(group.gpu_ids) >= 0
         metrics = group.update(ray.put(generated), ray.put(rewards))
         # what rank 0 would send the engines, and each rank's own tensors (under FSDP: its shards)
-        (box,), _ = ray.get(group.lead.publish.remote())
-        published = ray.get(box)
+        published, _ = ray.get(group.publish())
         local = ray.get([rank.__ray_call__.remote(lambda self: {name: getattr(t, "_local_tensor", t).detach().clone()
                                                                 for name, t in self.model.named_parameters()})
                          for rank in group.ranks])
         checkpoint = torch.load(group.save(str(tmp_path / "final.pt"), {"updates": 1}), weights_only=True)
         group.update(ray.put(generated), ray.put(rewards))  # move on, then go back to the checkpoint
         assert group.load(str(tmp_path / "final.pt")) == {"updates": 1}
-        (box,), version = ray.get(group.lead.publish.remote())
-        restored = ray.get(box)
+        restored, version = ray.get(group.publish())
     finally:
         group.kill()
         placed.remove()
@@ -106,8 +104,8 @@ def test_gradient_accumulation_in_micro_batches_updates_like_whole_minibatches(o
     import dataclasses
 
     generated = EngineRole(CFG).generate()
-    rewards = ScorerRole(CFG).score(generated)
-    whole, pieces = PolicyLearner(CFG), PolicyLearner(dataclasses.replace(CFG, micro_batch_size=2))
+    rewards = TextLabeler(CFG).score(generated)
+    whole, pieces = LMLearner(CFG), LMLearner(dataclasses.replace(CFG, micro_batch_size=2))
     torch.manual_seed(1)  # the same minibatch permutation for both
     expected = whole.update(generated, rewards)
     torch.manual_seed(1)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlfarm.algos.grpo_trainer import GRPOConfig
-from rlfarm.roles.onpolicy import EngineRole, PolicyLearner, ScorerRole
+from rlfarm.algos.grpo_lm import GRPOConfig
+from rlfarm.roles.llm import EngineRole, LMLearner, TextLabeler
 
 
 def weights(role, attribute: str):
@@ -21,19 +21,19 @@ def weights(role, attribute: str):
 def test_broadcast_sync_gives_the_engine_the_learners_weights_each_round(ray_cpu):
     ray = ray_cpu
     cfg = GRPOConfig(prompts_per_step=4, group_size=4, seed=0)
-    learner = ray.remote(PolicyLearner).remote(cfg)
+    learner = ray.remote(LMLearner).remote(cfg)
     engine = ray.remote(EngineRole).remote(GRPOConfig(prompts_per_step=4, group_size=4, seed=7))  # other weights
-    scorer = ray.remote(ScorerRole).remote(cfg)
-    address = ray.get(learner.open_weight_sync.remote(2))
-    ray.get([learner.join_weight_sync.remote(2), engine.join_weight_sync.remote(address, 1, 2)])
+    scorer = ray.remote(TextLabeler).remote(cfg)
+    address = ray.get(learner.open_sync.remote("broadcast"))
+    ray.get([learner.join_sync.remote(), engine.open_sync.remote("broadcast", address)])
     assert ray.get([learner.device.remote(), engine.device.remote()]) == ["cpu", "cpu"]
     before = ray.get(weights(engine, "engine"))
     for round_ in (1, 2):
         generated = engine.generate.remote()
         metrics = ray.get(learner.update.remote(generated, scorer.score.remote(generated)))
         assert np.isfinite(metrics["reward"])
-        version = learner.broadcast_weights.remote()
-        assert ray.get(engine.receive_weights.remote([version])) == round_
+        published = learner.publish.remote()
+        assert ray.get(engine.receive.remote([published])) == round_
         learned = ray.get(learner.__ray_call__.remote(lambda self: {name: t.detach().cpu().clone() for name, t in
                                                                     self.model.named_parameters()}))
         synced = ray.get(weights(engine, "engine"))

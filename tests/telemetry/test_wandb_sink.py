@@ -5,8 +5,9 @@ import pytest
 
 from rlfarm.config import compose
 from rlfarm.errors import RlfarmError
+from rlfarm.run import Run
 from rlfarm.telemetry.metrics import MetricsLogger
-from rlfarm.telemetry.wandb_sink import wandb_options
+from rlfarm.telemetry.wandb_sink import WandbSink, wandb_options
 
 
 def test_logger_wandb_config_gives_sink_options():
@@ -18,15 +19,14 @@ def test_logger_wandb_config_gives_sink_options():
 def test_missing_wandb_is_one_clear_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now raises ImportError
     with pytest.raises(RlfarmError, match=r"^logger=wandb needs `pip install wandb`$"):
-        MetricsLogger(tmp_path, tensorboard=False, wandb={"project": "rlfarm", "mode": "offline"})
+        Run(compose("train", ["logger=wandb"]), tmp_path)
     assert not (tmp_path / "metrics.jsonl").exists()  # failed before the run dir got content
 
 
 def test_offline_run_records_the_rows(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    logger = MetricsLogger(tmp_path, tensorboard=False, wandb={"project": "rlfarm", "mode": "offline",
-                                                               "config": {"seed": 1}})
+    logger = MetricsLogger(tmp_path, [WandbSink(tmp_path, project="rlfarm", mode="offline", config={"seed": 1})])
     for i in range(3):
         logger.log({"env_steps": 10 * i, "env_steps_per_s": 5.0, "critic_loss": float("nan"), "labeling_lag_s": None})
     logger.close()

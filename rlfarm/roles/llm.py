@@ -1,15 +1,16 @@
 """On-policy roles for LLM policies: an Engine role generates, a Scorer (the labeler of this family) turns
-completions into rewards, and a PolicyLearner updates and publishes weights. Each wraps the pure stages of
-`rlfarm.algos.grpo_trainer`, so the single-process reference trainer and the Ray loop run the same code.
+completions into rewards, and a LMLearner updates and publishes weights. Each wraps pure stages:
+`rlfarm.rewards.rollouts.score_rollout` and `rlfarm.algos.grpo_lm` (and a `ValueCritic` under algo=ppo_lm).
 
-Weights reach the engine one of three ways (`rlfarm.sync`): through the object store (`publish` →
-`update_weights`: CPU copies, what CPU roles use); by broadcast over a process group of the learner and
-the engine (`open_weight_sync` / `join_weight_sync`, then `broadcast_weights` → `receive_weights`: NCCL
-between GPUs, the tensors never touch the host); or, colocated on one GPU, through CUDA IPC (`publish_shared`
-→ `load_shared`: the engine copies from the learner's GPU buffers).
+Weights reach the engine through one transport, picked once at start (`rlfarm.sync.transport`): the object
+store (CPU copies, what CPU roles use), a broadcast over a process group of the learner and the engine (NCCL
+between GPUs: the tensors never touch the host), or CUDA IPC when both share one GPU (the engine copies from
+the learner's GPU buffers). The driver opens it (`LMLearner.open_sync`, then `LMLearner.join_sync`
+and `EngineRole.open_sync` at the same time); every sync after that is `LMLearner.publish` →
+`EngineRole.receive`, whatever the transport.
 
-The learner may be N data-parallel PolicyLearner actors (`rlfarm.roles.learner_group`): each trains on its shard
-of the batch under DDP (`rlfarm.distributed`), and rank 0 alone publishes weights and reports.
+The learner may be N data-parallel LMLearner actors (`rlfarm.roles.learner_group`): each trains on its shard
+of the batch under DDP (`rlfarm.data_parallel`), and rank 0 alone publishes weights and reports.
 Precision: `dtype` ("bfloat16") is what the GPU roles compute in — the engine holds its weights in it, the
 learner keeps fp32 weights and optimizer and runs its forward passes under autocast to it, and publishes
 weights cast to it; on CPU every role runs float32 (`rlfarm.models.lm.compute_dtype`).
@@ -25,21 +26,21 @@ from dataclasses import replace
 import numpy as np
 import ray
 import torch
+import torch.distributed as dist
 
-from rlfarm.algos.grpo_trainer import GRPOConfig, group_advantages, rollout_metrics, score_rollout, update_policy
-from rlfarm.algos.ppo_lm_trainer import update_actor_critic
-from rlfarm.distributed import full_tensors, is_sharded, join_data_parallel, shard_model, wrap_data_parallel
-from rlfarm.engines.base import Rollout
+from rlfarm.algos.grpo import group_advantages
+from rlfarm.algos.grpo_lm import GRPOConfig, rollout_metrics, update_policy
+from rlfarm.data import Rollout
+from rlfarm.data_parallel import full_tensors, is_sharded, join_data_parallel, shard_model, wrap_data_parallel
 from rlfarm.engines.hf import HFEngine
 from rlfarm.envs.text_tasks import DigitTokenizer, TextTaskSpec, text_task, text_tokenizer
-from rlfarm.models.critic import TokenCritic
 from rlfarm.models.lm import causal_lm, compute_dtype, trainable_state_dict
+from rlfarm.rewards.rollouts import score_rollout
 from rlfarm.rewards.verifiers import get_verifier
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic
-from rlfarm.sync import (BroadcastReceiver, BroadcastSender, HostSender, IpcPayload, IpcReceiver, IpcSender,
-                         join_group, load_into, plan_layout, serve_rendezvous)
-
-SYNC_BUCKET_BYTES = 256 * 2**20  # broadcast buckets: 4 for the 0.5B shape in bf16 (H200: 64 MB 2.1x a raw copy, 256 MB 1.2-1.6x)
+from rlfarm.roles.value_critic import ValueCritic
+from rlfarm.sync import HostSender, PassThroughReceiver, WeightReceiver, WeightSender, load_into, serve_rendezvous
+from rlfarm.sync.transport import open_receiver, open_sender, uses_group
 
 
 def _policy(cfg: GRPOConfig, lora: bool = True) -> torch.nn.Module:
@@ -50,6 +51,13 @@ def _policy(cfg: GRPOConfig, lora: bool = True) -> torch.nn.Module:
     if isinstance(cfg.model, str):  # model.source: a pretrained model, sized by its own config
         return causal_lm(cfg.model, lora=adapters)
     return causal_lm({**cfg.model, "vocab_size": DigitTokenizer().vocab_size}, lora=adapters)
+
+
+def _serve_rendezvous(world_size: int) -> tuple[dist.TCPStore, str]:
+    """A process group's rendezvous store served by this actor, and the "host:port" the other members join."""
+    host = ray.util.get_node_ip_address()
+    store = serve_rendezvous(world_size, host=host)
+    return store, f"{host}:{store.port}"
 
 
 def _task_spec(cfg: GRPOConfig, task: TextTaskSpec | None) -> TextTaskSpec:
@@ -73,7 +81,7 @@ class EngineRole:
         policy = _policy(cfg).to(compute_dtype(dtype, device))
         self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed)
         self.max_new_tokens = cfg.max_new_tokens or self.task.max_new_tokens
-        self._shared: IpcReceiver | None = None  # CUDA IPC weight sync, mapped on first use
+        self.receiver: WeightReceiver = PassThroughReceiver()  # the object store, until `open_sync` picks another
 
     def generate(self) -> tuple[Rollout, list[str]]:
         prompts = self.task.sample(self.cfg.prompts_per_step)
@@ -86,30 +94,26 @@ class EngineRole:
         self.task = text_task(replace(self.spec, seed=seed))
         self.engine.reseed(seed)
 
-    def update_weights(self, box: list, version: int) -> int:
-        """`box` = [ref] so Ray hands over the ref, and the weights are fetched here, once."""
-        self.engine.update_weights(ray.get(box[0]), version)
-        return version
-
     def device(self) -> str:
         return str(self.engine.device)
 
-    def join_weight_sync(self, address: str, rank: int, world_size: int) -> None:
-        """Join the learner's sync group (called while the learner joins it too)."""
-        self._receiver = BroadcastReceiver(join_group(address, rank, world_size, self.engine.device))
+    def open_sync(self, transport: str, address: str | None = None, rank: int = 1, world_size: int = 2) -> None:
+        """Build this engine's receiver for `transport`, once (a broadcast: join the learner's group, at the same
+        time as the learner's `join_sync`). address: what the learner's `open_sync` returned."""
+        self.receiver = open_receiver(transport, self.engine.device, address, rank, world_size)
 
-    def receive_weights(self, box: list) -> int:
-        """Load what the learner's `broadcast_weights` is sending; `box` = [ref of its version], read after
-        the tensors arrived (a ref passed bare would make Ray wait for the learner before this call starts)."""
-        load_into(self.engine, self._receiver, None, self.engine.weight_version)
-        self.engine.weight_version = int(ray.get(box[0]))
-        return self.engine.weight_version
-
-    def load_shared(self, payload: IpcPayload, version: int) -> int:
-        """Colocated on one GPU: copy the weights out of the learner's buffers (`PolicyLearner.publish_shared`)."""
-        if self._shared is None:
-            self._shared = IpcReceiver(self.engine.device)
-        load_into(self.engine, self._shared, payload, version)
+    def receive(self, box: list) -> int:
+        """Load what the learner's `publish` sends; returns its version. box = [the ref of its result], boxed so
+        that Ray starts this call without waiting for the learner: over a collective the learner's `publish`
+        returns only once this call has received the tensors, so its result (no payload; the version) is read
+        after them. Other transports' payload (the tensors' host copies, the IPC handles) is read first."""
+        if self.receiver.meets_sender:
+            load_into(self.engine, self.receiver, None, self.engine.weight_version)
+            _, version = ray.get(box[0])
+        else:
+            sent, version = ray.get(box[0])
+            load_into(self.engine, self.receiver, sent, version)
+        self.engine.weight_version = version
         return version
 
     def sleep(self) -> None:
@@ -121,7 +125,7 @@ class EngineRole:
         self.engine.wake()
 
 
-class ScorerRole:
+class TextLabeler:
     """The labeler of the on-policy family: a rule verifier over decoded completions (an HF tokenizer decodes
     without special tokens, so the verifier reads only the answer text)."""
 
@@ -134,12 +138,15 @@ class ScorerRole:
         return score_rollout(rollout, answers, self.tokenizer, self.verifier, self.tokenizer.stop_ids)
 
 
-class PolicyLearner:
-    """GRPO update on a rollout and its rewards; publishes the trainable weights (adapters only under LoRA).
+class LMLearner:
+    """Updates the policy on a rollout and its rewards — advantages from the groups' rewards (GRPO) or from a
+    `ValueCritic` (algo.advantage=gae, `critic`) — and publishes the trainable weights (adapters only under LoRA).
 
     rank / world_size: this actor's place among the learner's data-parallel ranks. With world_size > 1 the
     ranks join one process group (`open_data_parallel` on rank 0, then `join_data_parallel` on all) before
-    the first update; every rank then takes the same `update` call and trains on its shard."""
+    the first update; every rank then takes the same `update` call and trains on its shard.
+    Rank 0 sends the weights to the engines through `sender`, built once for the transport the driver picked
+    (`open_sync`, `join_sync`); `publish` sends each new version."""
 
     def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32", rank: int = 0,
                  world_size: int = 1):
@@ -151,12 +158,12 @@ class PolicyLearner:
         self.trainer = self.model  # what the update runs: the DDP wrapper (or the sharded model) once the ranks joined
         self.optimizer = self._optimizer()
         self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if cfg.kl_coef else None
-        self.critic = self.critic_optimizer = None
+        self.critic: ValueCritic | None = None
         if cfg.advantage == "gae":  # PPO: a critic of the policy's architecture and starting weights
-            self.critic = TokenCritic(_policy(cfg, lora=False)).to(self.cfg.device).eval()
-            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
+            self.critic = ValueCritic(_policy(cfg, lora=False), self.cfg, self.compute_dtype)
         self.version = 0
-        self._shared: IpcSender | None = None
+        self.sender: WeightSender = HostSender()  # the object store, until `join_sync` builds another
+        self._sync: tuple[str, int, dist.TCPStore | None] | None = None  # open_sync: transport, size, rendezvous
         self._gathered: dict[str, torch.Tensor] = {}  # under FSDP, rank 0: the whole trainable tensors
 
     def _optimizer(self) -> torch.optim.Optimizer:
@@ -180,22 +187,29 @@ class PolicyLearner:
                 gathered[name] = whole.to(self.compute_dtype)
         self._gathered = gathered
 
-    def publish(self) -> tuple[list, int]:
-        self.version += 1
-        return [ray.put(HostSender().send(self._published()))], self.version
+    def open_sync(self, transport: str, engines: int = 1) -> str | None:
+        """Rank 0, once: start the weight sync to `engines` engines by `transport`. Returns the address they
+        join (`EngineRole.open_sync`) when the transport is a process group (None otherwise)."""
+        rendezvous, address = _serve_rendezvous(1 + engines) if uses_group(transport) else (None, None)
+        self._sync = (transport, 1 + engines, rendezvous)
+        return address
 
-    def publish_shared(self) -> tuple[IpcPayload, int]:
-        """Colocated on one GPU: pack the weights into buffers the engine maps through CUDA IPC (allocated once)."""
-        published = self._published()
-        if self._shared is None:
-            self._shared = IpcSender(published, self.cfg.device)
+    def join_sync(self) -> None:
+        """Build the sender, once, while the engines run their `open_sync` (a broadcast: all join the group)."""
+        transport, world_size, rendezvous = self._sync
+        self.sender = open_sender(transport, self._published(), self.cfg.device, rendezvous, world_size)
+
+    def publish(self) -> tuple[object, int]:
+        """Send the trainable tensors to the engines; returns (what each engine's `receive` reads: the host
+        copies, the IPC handles, or None over a broadcast, version). Over a broadcast this returns only once
+        the engines have received."""
         self.version += 1
-        return self._shared.send(published), self.version
+        return self.sender.send(self._published()), self.version
 
     def open_data_parallel(self) -> str:
         """Rank 0: serve the data-parallel group's rendezvous on a free port; returns the address the others join."""
-        self._dp_rendezvous = serve_rendezvous(self.world_size, host=ray.util.get_node_ip_address())
-        return f"{ray.util.get_node_ip_address()}:{self._dp_rendezvous.port}"
+        self._dp_rendezvous, address = _serve_rendezvous(self.world_size)
+        return address
 
     def join_data_parallel(self, address: str) -> int:
         """Join the group (all ranks at once) and wrap the model in DDP; returns the GPU id Ray gave this rank
@@ -214,45 +228,35 @@ class PolicyLearner:
     def device(self) -> str:
         return str(self.cfg.device)
 
-    def open_weight_sync(self, world_size: int) -> str:
-        """Start the sync group's rendezvous here (rank 0); returns the address the engines join."""
-        self._rendezvous = serve_rendezvous(world_size, host=ray.util.get_node_ip_address())
-        return f"{ray.util.get_node_ip_address()}:{self._rendezvous.port}"
-
-    def join_weight_sync(self, world_size: int) -> None:
-        group = join_group(self._rendezvous, 0, world_size, self.cfg.device)
-        self._sender = BroadcastSender(group, plan_layout(self._published(), SYNC_BUCKET_BYTES))
-
-    def broadcast_weights(self) -> int:
-        """Send the trainable tensors to every engine of the sync group; returns their version."""
-        self.version += 1
-        self._sender.send(self._published())
-        return self.version
-
     def update(self, generated: tuple[Rollout, list[str]], rewards: np.ndarray) -> dict:
         rollout, _ = generated
         rewards = np.array(rewards)  # the object store hands out read-only arrays
         staleness = {"staleness": self.version - rollout.weight_version}
         if self.critic is not None:  # PPO: every sample counts, advantages per token from the critic
             every = torch.ones(len(rewards) // self.cfg.group_size, dtype=torch.bool)
-            return rollout_metrics(rollout, rewards, every) | staleness | update_actor_critic(
-                self.trainer, self.optimizer, self.critic, self.critic_optimizer, rollout, torch.as_tensor(rewards),
-                self.cfg, self.ref_model, self.compute_dtype)
+            targets = self.critic.targets(rollout, rewards)
+            metrics = rollout_metrics(rollout, rewards, every) | staleness
+            return metrics | self._update_policy(rollout, targets.advantages) | self.critic.fit(targets)
         advantages, keep = group_advantages(rewards, self.cfg.group_size, self.cfg.norm_std, self.cfg.filter_groups)
         metrics = rollout_metrics(rollout, rewards, keep) | staleness
         if keep.any():  # every rank sees the same rewards, so all ranks take this branch or none
             kept, kept_advantages = rollout.select_groups(keep), advantages[keep.repeat_interleave(self.cfg.group_size)]
-            # self.trainer: the DDP-wrapped or FSDP-sharded model on > 1 ranks, the model itself on one
-            metrics |= update_policy(self.trainer, self.optimizer, kept, kept_advantages, self.cfg, self.ref_model,
-                                     rank=self.rank, world_size=self.world_size, compute_dtype=self.compute_dtype)
-            if is_sharded(self.model):
-                self._gather()
+            metrics |= self._update_policy(kept, kept_advantages)
+        return metrics
+
+    def _update_policy(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
+        """The clipped policy steps, on every rank at once; advantages: per sample [B] or per token [B, T]."""
+        # self.trainer: the DDP-wrapped or FSDP-sharded model on > 1 ranks, the model itself on one
+        metrics = update_policy(self.trainer, self.optimizer, rollout, advantages, self.cfg, self.ref_model,
+                                rank=self.rank, world_size=self.world_size, compute_dtype=self.compute_dtype)
+        if is_sharded(self.model):
+            self._gather()
         return metrics
 
     def save(self, path: str, extra: dict | None = None) -> str:
         """Every rank takes this call (`LearnerGroup.save`); rank 0 writes whole tensors, atomically (under FSDP
-        the ranks gather them together first: model and AdamW state, as one learner's checkpoint would hold).
-        `extra`: the driver's counters. Loadable with torch.load(weights_only=True)."""
+        the ranks gather them together first: model and AdamW state, as one learner's checkpoint would hold), and
+        the critic's state under gae. `extra`: the driver's counters. Loadable with torch.load(weights_only=True)."""
         if is_sharded(self.model):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -261,8 +265,7 @@ class PolicyLearner:
         elif self.rank == 0:
             model, optimizer = self.model.state_dict(), self.optimizer.state_dict()
         if self.rank == 0:
-            critic = {} if self.critic is None else {"critic": self.critic.state_dict(),
-                                                     "critic_optimizer": self.critic_optimizer.state_dict()}
+            critic = {} if self.critic is None else {"critic": self.critic.state_dict()}
             save_atomic({"model": model, "optimizer": optimizer, "version": self.version, "extra": extra or {},
                          **critic}, path)
         return path
@@ -282,6 +285,5 @@ class PolicyLearner:
             self.optimizer.load_state_dict(state["optimizer"])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.version = int(state["version"])
         return dict(state["extra"])

@@ -1,5 +1,6 @@
-"""Learner role: the algorithm, its replay buffer (in this process, so sampling is a local gather) and the
-update schedule. Labeled chunks arrive from labelers; each chunk id is stored once (exactly-once storage
+"""SAC learner role: the algorithm, its replay buffer (in this process, so sampling is a local gather) and the
+update schedule (on CUDA the updates run in CUDA-graph groups: `rlfarm.algos.sac_graph.ReplayUpdates`, held
+here, not by the agent). Labeled chunks arrive from labelers; each chunk id is stored once (exactly-once storage
 even if a chunk is re-sent). Updates follow the update-to-data ratio and never run ahead of stored data;
 a chunk's credit goes back to its runner once the updates it owes are done, which keeps acting, labeling
 and learning within a few chunks of each other. Every `publish_every` updates the actor's weights are
@@ -14,20 +15,21 @@ import time
 from collections import defaultdict, deque
 
 import numpy as np
-import ray
 import torch
 from hydra.utils import instantiate
 
+from rlfarm.algos.sac_graph import ReplayUpdates
 from rlfarm.buffers.replay import ReplayBuffer
 from rlfarm.buffers.sampler import UniformSampler
 from rlfarm.buffers.storage import TensorStorage
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic, seed_everything
+from rlfarm.roles.versioned_weights import Publication, publication
 
 UPDATES_PER_BURST = 8  # updates between looks at the inbox: small enough to ack and publish promptly
-GRAPHED_BURST = 32     # with CUDA graphs (8 updates per replay) a burst of 8 is ~2 ms: look less often
+GRAPHED_BURST = 32     # with CUDA graphs (8 updates per replay) a burst of 8 is short: look less often
 
 
-class Learner:
+class SACLearner:
     def __init__(self, algo_cfg: dict, model_cfg: dict, spaces: dict, seed: int, threads: int = 1):
         limit_threads(threads)
         seed_everything(seed)
@@ -35,22 +37,27 @@ class Learner:
         self.utd_ratio = float(algo_cfg["utd_ratio"])
         self.learning_starts = int(algo_cfg["learning_starts"])
         self.publish_every = int(algo_cfg["publish_every"])
-        self.agent = instantiate(algo_cfg["agent"])(
+        # graph_updates and compile configure this role's update path, not the agent: they sit in the agent's
+        # config node so that one override names them (algo.agent.graph_updates)
+        agent_cfg = dict(algo_cfg["agent"])
+        graph_updates, compile = int(agent_cfg.pop("graph_updates", 0)), bool(agent_cfg.pop("compile", False))
+        self.agent = instantiate(agent_cfg)(
             spaces["obs_dim"], spaces["act_dim"], spaces["action_low"], spaces["action_high"],
             actor=instantiate(model_cfg["actor"]), critic=instantiate(model_cfg["critic"]), device=self.device)
         self.buffer = ReplayBuffer(TensorStorage(int(algo_cfg["buffer_size"]), self.device),
                                    UniformSampler(int(algo_cfg["batch_size"]), generator_seed=seed))
-        self.batch_size = int(algo_cfg["batch_size"])
-        # On CUDA the eager update is launch-bound (~150/s); captured in CUDA graphs it runs ~25× faster. On CPU
-        # the eager path stays: it samples with the seeded sampler, so CPU runs are reproducible.
-        self.graphed = getattr(self.agent, "graph_updates", 0) > 0 and self.agent.device.type == "cuda"
+        # On CUDA the eager update is launch-bound; captured in CUDA graphs (graph_updates per replay) it runs many
+        # times faster (docs/benchmarks.md). On CPU the eager path stays: every update samples with the seeded
+        # sampler, so CPU runs are reproducible.
+        self.graphed = (ReplayUpdates(self.agent, self.buffer, graph_updates, compile)
+                        if graph_updates > 0 and self.agent.device.type == "cuda" else None)
         self.inbox: queue.Queue = queue.Queue()
         self.stored_ids: set[tuple[int, int]] = set()
         self.quarantined_ids: set[tuple[int, int]] = set()
         self.quarantined_transitions = 0
         self.unacked: deque[tuple[int, int, int]] = deque()  # (runner, seq, updates required)
         self.runners: list = []
-        self._published: ray.ObjectRef | None = None
+        self._published: Publication | None = None
         # Per worker incarnation, so the driver can account for what a worker did before it died:
         # transitions settled (stored or quarantined) per (runner, incarnation), delivered per (labeler, incarnation).
         self.settled_by_runner: dict[tuple[int, int], int] = defaultdict(int)
@@ -152,7 +159,7 @@ class Learner:
         started = time.perf_counter()
         if self.graphed:  # K updates per CUDA-graph replay, sampling on the device (rlfarm/algos/sac_graph.py)
             before = self.updates
-            self._last_metrics = self.agent.update_from_storage(self.buffer.storage, self.batch_size, n)
+            self._last_metrics = self.graphed(n)
             self.updates += n
             if self.updates // self.publish_every > before // self.publish_every:
                 self._publish()
@@ -174,13 +181,13 @@ class Learner:
 
     def _publish(self) -> None:
         self.version += 1
-        self._published = ray.put(self.agent.policy_state())
+        self._published = publication(self.agent.policy_state(), self.version)
         self.push_weights()
 
     def push_weights(self) -> None:
         """Send the newest published weights to every runner (again): a restarted runner starts with none."""
         for runner in self.runners:
-            runner.set_weights.remote(self.version, [self._published])
+            runner.set_weights.remote(self._published)
 
     # -- reporting / persistence ---------------------------------------------------------------------
     def stats(self) -> dict:
@@ -212,6 +219,8 @@ class Learner:
         state = torch.load(path, map_location=self.device, weights_only=True)
         with self._state_lock:
             self.agent.load_state_dict(state["agent"])
+            if self.graphed:  # the optimizers' state tensors are new: a captured graph would update the old ones
+                self.graphed.reset()
             self.stored, self.updates, self.version = int(state["stored"]), int(state["updates"]), int(state["version"])
             self.duplicates, self.quarantined_transitions = int(state["duplicates"]), int(state["quarantined"])
             self.stored_ids = {tuple(i) for i in state["stored_ids"]}

@@ -18,7 +18,7 @@ reduce-scatter) divides out again:
 
 Shards are equal in size (the last ones padded with zero-weight rows), split by sequence: the advantages are
 computed over whole groups before sharding, so the loss needs no group on one rank. The update itself is
-`rlfarm.algos.grpo_trainer.update_policy(..., rank=, world_size=)`.
+`rlfarm.algos.grpo_lm.update_policy(..., rank=, world_size=)`.
 """
 from __future__ import annotations
 

@@ -1,0 +1,206 @@
+"""Hydra structured-config schemas: conf/train.yaml's own keys (`TrainSchema`), each conf/algo/<name>.yaml
+(`/schema/algo/<name>`) and the gymnasium envs (`/schema/env/gym`) list theirs first in their defaults, so Hydra
+checks types and choices while it composes, and an unknown key fails there too. Values come from the YAML files
+(the schemas hold no defaults: one place for them).
+
+Ranges are checked when the composed node becomes the dataclass (`OmegaConf.to_object`, in preflight): each
+schema's `__post_init__` is `rlfarm.settings.check_ranges`, the same rules the algorithms' own configs apply.
+Stored in Hydra's ConfigStore (under schema/) when this module is imported: rlfarm.config imports it, so
+every composition (`rlfarm.config.compose`, the Hydra app of rlfarm.cli) finds them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+from rlfarm.settings import RangeError, check_ranges
+
+
+class Choice(str, Enum):
+    """A choice Hydra checks by name at compose time; afterwards it reads as its plain string (`"ddp"`)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class WeightSync(Choice):
+    """learner → engine: auto picks ipc (one GPU), broadcast (separate GPUs) or object_store (CPU); rlfarm.sync"""
+    auto = "auto"
+    object_store = "object_store"
+    broadcast = "broadcast"
+    ipc = "ipc"
+
+
+class DataParallel(Choice):  # rlfarm.data_parallel: a learner holding > 1 GPU
+    ddp = "ddp"
+    fsdp = "fsdp"
+
+
+class Advantage(Choice):  # grpo: rewards normalized within each group | gae: a critic and token-level GAE
+    grpo = "grpo"
+    gae = "gae"
+
+
+class Ranged:
+    """A schema whose fields are checked against rlfarm.settings.RANGES when it is built."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+
+@dataclass
+class AlgoSchema(Ranged):
+    name: str
+    family: str
+
+
+@dataclass
+class SACSchema(AlgoSchema):
+    lr: float
+    actor_lr: float
+    batch_size: int
+    utd_ratio: float
+    learning_starts: int
+    buffer_size: int
+    publish_every: int
+    chunk_steps: int
+    credits: int
+    agent: Any  # a _target_ node: rlfarm.algos.sac.SACAgent's arguments
+
+
+@dataclass
+class PPOSchema(AlgoSchema):
+    rollout_steps: int
+    lr: float
+    anneal_lr: bool
+    gamma: float
+    gae_lambda: float
+    epochs: int
+    minibatches: int
+    clip_eps: float
+    value_clip_eps: Optional[float]
+    vf_coef: float
+    ent_coef: float
+    max_grad_norm: float
+    norm_adv: bool
+    target_kl: Optional[float]
+    target_return: Optional[float]
+
+
+@dataclass
+class GroupPolicySchema(AlgoSchema):
+    """What GRPO on text and on a simulator share: groups of samples, the clipped token loss, a budget."""
+    group_size: int
+    temperature: float
+    lr: float
+    max_grad_norm: float
+    clip_low: float
+    clip_high: float
+    minibatches: int
+    norm_std: bool
+    max_updates: int
+
+
+@dataclass
+class GRPOSchema(GroupPolicySchema):
+    prompts_per_step: int
+    max_new_tokens: Optional[int]
+    top_p: float
+    kl_coef: float
+    filter_groups: bool
+    advantage: Advantage
+    micro_batch_size: Optional[int]
+    data_parallel: DataParallel
+    weight_sync: WeightSync
+    target_reward: Optional[float]
+
+
+@dataclass
+class PPOLMSchema(GRPOSchema):
+    gamma: float
+    gae_lambda: float
+    critic_lr: float
+    value_clip: Optional[float]
+
+
+@dataclass
+class GRPOVLASchema(GroupPolicySchema):
+    groups_per_update: int
+    accuracy_low: float
+    accuracy_high: float
+    pipeline: bool
+    target_success: Optional[float]
+
+
+@dataclass
+class GymEnvSchema(Ranged):
+    id: str
+    num_envs: int
+    kwargs: Any  # gymnasium.make's keyword arguments
+
+
+@dataclass
+class LabelerSchema(Ranged):
+    bus_items: int
+    bus_timeout_s: float
+
+
+@dataclass
+class RaySchema(Ranged):
+    address: Optional[str]
+    num_cpus: Optional[float]
+    num_gpus: Optional[int]
+    dashboard: bool
+    ready_timeout_s: float
+
+
+LIVE_VIEW = ("auto", True, False)
+
+
+@dataclass
+class RunSchema(Ranged):
+    metrics_interval_s: float
+    live: Any  # auto | true | false (OmegaConf has no Union type)
+    checkpoint: bool
+    checkpoint_every_updates: int
+    checkpoint_every_min: float
+    checkpoint_buffer: bool
+    max_restarts: int
+    restart_timeout_s: float
+    max_wall_s: Optional[float]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not any(self.live is choice if isinstance(choice, bool) else self.live == choice for choice in LIVE_VIEW):
+            raise RangeError("live", "one of auto|true|false", self.live)
+
+
+@dataclass
+class TrainSchema(Ranged):
+    """conf/train.yaml's own keys; each config group is checked by its own schema (or not at all)."""
+    topology: Any
+    env: Any
+    reward: Any
+    model: Any
+    algo: Any
+    logger: Any
+    seed: int
+    total_env_steps: int
+    resume: Optional[str]
+    labeler: LabelerSchema
+    ray: RaySchema
+    run: RunSchema
+
+
+ALGO_SCHEMAS = {"sac": SACSchema, "ppo": PPOSchema, "grpo": GRPOSchema, "ppo_lm": PPOLMSchema,
+                "grpo_vla": GRPOVLASchema}
+
+
+STORE = ConfigStore.instance()
+STORE.store(group="schema", name="train", node=TrainSchema)
+STORE.store(group="schema/env", name="gym", node=GymEnvSchema)
+for name, schema in ALGO_SCHEMAS.items():
+    STORE.store(group="schema/algo", name=name, node=schema)
