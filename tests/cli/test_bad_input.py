@@ -7,16 +7,12 @@ input is known to be good. Most rows run `rlfarm.cli.main` in this process (the 
 subprocess, as a user runs it, and must also be quick: 5 s on an idle machine, 15 s asserted because CI shares
 its cores. Each subprocess is a cold import of Hydra, gymnasium (and torch for a `_target_`): seconds each.
 """
-import os
-import subprocess
-import sys
 import time
 
 import pytest
 
+from helpers import rlfarm
 from rlfarm import cli
-
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
 
 
 def _gpu_count() -> int:
@@ -173,8 +169,7 @@ def test_bad_input_is_one_clear_line_and_leaves_nothing(tmp_path, args, needle):
     args = command_line(args, tmp_path)
     before = set(tmp_path.iterdir())
     started = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "rlfarm.cli", *args], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path, env=ENV)
+    out = rlfarm(*args, cwd=tmp_path, timeout=120)
     elapsed = time.monotonic() - started
 
     assert out.returncode == 2, out.stderr[-2000:]

@@ -1,18 +1,7 @@
 """`rlfarm` as a user runs it: a subprocess, real Hydra composition, real Ray, then read the run directory."""
 import json
-import os
-import subprocess
-import sys
-import time
 
-import pytest
-
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-
-
-def rlfarm(*args, cwd=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "rlfarm.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=ENV)
+from helpers import TINY_SAC, rlfarm
 
 
 def test_help_lists_commands():
@@ -21,8 +10,7 @@ def test_help_lists_commands():
     assert "train" in out.stdout and "plan" in out.stdout
 
 
-TINY = ["total_env_steps=600", "algo.learning_starts=200", "algo.batch_size=32", "algo.chunk_steps=16",
-        "model.actor.hidden=[32,32]", "model.critic.hidden=[32,32]", "run.live=false"]
+TINY = ["total_env_steps=600", *TINY_SAC, "run.live=false"]
 
 
 def test_train_writes_a_complete_run_directory(tmp_path):

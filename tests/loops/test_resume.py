@@ -2,34 +2,17 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-TINY = ["total_env_steps=3000", "algo.learning_starts=200", "algo.batch_size=32", "algo.chunk_steps=16",
-        "model.actor.hidden=[32,32]", "model.critic.hidden=[32,32]", "run.live=false",
-        "run.checkpoint_every_updates=300"]
+from helpers import TINY_SAC, metrics_rows, read_summary, rlfarm, start_train, train, wait_for
+
+TINY = ["total_env_steps=3000", *TINY_SAC, "run.checkpoint_every_updates=300"]
 
 
 def start(run_dir, *overrides):
-    return subprocess.Popen([sys.executable, "-m", "rlfarm.cli", "train", f"hydra.run.dir={run_dir}", *TINY, *overrides],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
-
-
-def wait_for(predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
-
-
-def metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return start_train(run_dir, *TINY, *overrides)
 
 
 @pytest.mark.slow
@@ -44,14 +27,13 @@ def test_sigkill_then_resume_continues_from_the_checkpoint(tmp_path):
     (checkpoint,) = sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1:]
     state = torch.load(checkpoint, weights_only=True)
 
-    out = subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", f"resume={run_dir}", "run.live=false"],
-                         capture_output=True, text=True, env=ENV, timeout=600)
+    out = rlfarm("train", f"resume={run_dir}", "run.live=false")
     assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = read_summary(run_dir)
     assert summary["env_steps"] == 3000 and summary["restarts"] == 1
     assert summary["updates"] >= state["updates"]  # counters continue, they do not restart at zero
     assert summary["transitions_stored"] == summary["transitions_produced"] == 3000
-    rows = metrics(run_dir)
+    rows = metrics_rows(run_dir)
     steps, walls = [row["env_steps"] for row in rows], [row["wall_s"] for row in rows]
     # No step is logged twice: rows written after the checkpoint by the killed run were dropped, and the
     # resumed run's rows continue above the checkpoint (rows repeat an env_steps value only while acting
@@ -66,7 +48,7 @@ def test_sigkill_then_resume_continues_from_the_checkpoint(tmp_path):
 def test_sigterm_checkpoints_and_exits_for_requeue_then_resume_auto_finishes(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir)
-    assert wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 3, 240)
+    assert wait_for(lambda: len(metrics_rows(run_dir)) >= 3, 240)
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)  # what Slurm sends to the job before it kills it
     proc.wait(timeout=60)
@@ -78,9 +60,7 @@ def test_sigterm_checkpoints_and_exits_for_requeue_then_resume_auto_finishes(tmp
 
     # The rerun labels slowly, so its last chunks are still in flight when the runners finish: the run must
     # wait for them (counting what the checkpoint had stored apart from what this run produced).
-    out = subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", f"hydra.run.dir={run_dir}", "resume=auto", *TINY,
-                          "reward=fixed_cost", "reward.batch_ms=400"],
-                         capture_output=True, text=True, env=ENV, timeout=600)
+    out = train(run_dir, "resume=auto", *TINY, "reward=fixed_cost", "reward.batch_ms=400")
     assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = read_summary(run_dir)
     assert summary["env_steps"] == summary["transitions_produced"] == summary["transitions_stored"] == 3000

@@ -21,6 +21,9 @@ SBATCH = REPO / "launch" / "slurm" / "ray_cluster.sbatch"
 TINY = ["algo.learning_starts=100", "algo.batch_size=32", "algo.chunk_steps=16",
         "model.actor.hidden=[32,32]", "model.critic.hidden=[32,32]", "run.live=false", "logger=none"]
 NODE_CPUS = os.cpu_count() or 1
+# Runs that get interrupted label slowly, so the run's pace is the labeling cost, not the machine's speed: the
+# interrupt lands while the run is still going on a fast machine too.
+SLOW_LABELS = ["reward=fixed_cost", "reward.batch_ms=400"]
 
 
 def read_summary(run_dir: Path) -> dict:
@@ -221,7 +224,8 @@ def submit_and_interrupt(slurm, tmp_path: Path, interrupt: list[str], ready, *ov
     """Submit the Ray sbatch; once `ready(run_dir)` holds, run the Slurm command `interrupt + [job id]`, then wait
     until the job (rerun included) has left the queue. Returns (job id, job log, run dir)."""
     run_dir = tmp_path / "run"
-    out, log = sbatch(slurm, tmp_path, *TINY, f"hydra.run.dir={run_dir}", *overrides, wait=False, timeout=60)
+    out, log = sbatch(slurm, tmp_path, *TINY, *SLOW_LABELS, f"hydra.run.dir={run_dir}", *overrides, wait=False,
+                      timeout=60)
     assert out.returncode == 0, out.stderr
     job_id = out.stdout.strip().split(";")[0]
     try:
@@ -301,7 +305,7 @@ def test_requeued_sweep_job_resumes(slurm, tmp_path):
     sweep = tmp_path / "sweep"
     run_dir = sweep / "0"
     args = [sys.executable, "-m", "rlfarm.cli", "train", "-m", "hydra/launcher=slurm", "seed=1", "total_env_steps=800",
-            *TINY, "resume=auto", "run.checkpoint_every_updates=50", f"hydra.sweep.dir={sweep}",
+            *TINY, *SLOW_LABELS, "resume=auto", "run.checkpoint_every_updates=50", f"hydra.sweep.dir={sweep}",
             "hydra.sweep.subdir=${hydra.job.num}"]
 
     def requeue(job_ids: list[str]) -> None:
