@@ -5,14 +5,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-import rlfarm.schemas  # noqa: F401 - stores the schemas that conf/ names in Hydra's ConfigStore
+from rlfarm.config import compose
 from rlfarm.envs import VectorEnv
 from rlfarm.rewards import ClipReward, RewardModelError, goal_baseline_reward
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 IMAGE_SIZE = 32
 
 
@@ -131,8 +129,7 @@ def test_identical_goal_and_baseline_prompts_are_refused(tiny_clip):
 
 
 def test_clip_config_composes_and_instantiates(tiny_clip):
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose("train", overrides=["reward=clip", f"reward.model={tiny_clip}", "reward.frame_size=32"])
+    cfg = compose("train", ["reward=clip", f"reward.model={tiny_clip}", "reward.frame_size=32"])
     reward = instantiate(cfg.reward)
     assert isinstance(reward, ClipReward) and reward.frame_size == 32
     reward.setup("cpu")

@@ -1,13 +1,8 @@
-from pathlib import Path
-
 import numpy as np
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-import rlfarm.schemas  # noqa: F401 - stores the schemas that conf/ names in Hydra's ConfigStore
+from rlfarm.config import compose
 from rlfarm.rewards import EnvReward
-
-CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def test_env_reward_passes_the_env_reward_through_as_float32():
@@ -20,7 +15,6 @@ def test_env_reward_passes_the_env_reward_through_as_float32():
 
 
 def test_env_config_composes_and_accepts_frame_size():
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose("train", overrides=["reward=env", "reward.frame_size=64"])
+    cfg = compose("train", ["reward=env", "reward.frame_size=64"])
     reward = instantiate(cfg.reward)
     assert isinstance(reward, EnvReward) and reward.frame_size == 64

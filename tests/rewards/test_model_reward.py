@@ -1,15 +1,11 @@
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-import rlfarm.schemas  # noqa: F401 - stores the schemas that conf/ names in Hydra's ConfigStore
+from rlfarm.config import compose
 from rlfarm.rewards import BrightnessReward, ModuleReward, RewardModelError
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 BRIGHTNESS = "rlfarm.rewards.model.BrightnessReward"
 
 
@@ -72,8 +68,7 @@ def test_missing_checkpoint_and_missing_module_raise(tmp_path):
 
 
 def test_model_config_builds_the_module_only_in_setup():
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose("train", overrides=["reward=model", "reward.frame_size=16"])
+    cfg = compose("train", ["reward=model", "reward.frame_size=16"])
     reward = instantiate(cfg.reward)
     assert isinstance(reward, ModuleReward) and reward.frame_size == 16
     assert reward.module == {"_target_": BRIGHTNESS, "scale": 1.0}  # still a node: labelers build it on their device
