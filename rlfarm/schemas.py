@@ -139,7 +139,13 @@ class GRPOVLASchema(GroupPolicySchema):
 class GymEnvSchema(Ranged):
     id: str
     num_envs: int
+    workers: int  # processes stepping the num_envs sub-envs; 0: the runner's own (rlfarm/envs/vector.py)
     kwargs: Any  # gymnasium.make's keyword arguments
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.workers <= self.num_envs:
+            raise RangeError("workers", f"in [0, num_envs] = [0, {self.num_envs}]", self.workers)
 
 
 @dataclass
@@ -170,6 +176,7 @@ class RunSchema(Ranged):
     checkpoint_buffer: bool
     max_restarts: int
     restart_timeout_s: float
+    role_timeout_s: float
     max_wall_s: Optional[float]
 
     def __post_init__(self) -> None:

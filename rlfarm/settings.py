@@ -36,7 +36,7 @@ RANGES = {
     **dict.fromkeys(("gamma", "gae_lambda", "top_p", "accuracy_low", "accuracy_high"), FRACTION),
     # the run's own settings (conf/train.yaml) and a gymnasium env's
     **dict.fromkeys(("total_env_steps", "num_envs", "bus_items", "metrics_interval_s", "max_wall_s",
-                     "restart_timeout_s", "num_cpus", "ready_timeout_s"), POSITIVE),
+                     "restart_timeout_s", "role_timeout_s", "num_cpus", "ready_timeout_s"), POSITIVE),
     **dict.fromkeys(("seed", "bus_timeout_s", "max_restarts", "num_gpus", "checkpoint_every_updates",
                      "checkpoint_every_min"), NON_NEGATIVE),
 }

@@ -23,8 +23,11 @@ def gpu_busy(path):
 
 def summarize(run_dir, gpu_csv):
     rows = [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()]
-    out = {k: steady(rows, k) for k in ("env_steps_per_s", "labeled_per_s", "updates_per_s", "labeling_lag_s",
-                                        "labeler_busy_fraction", "policy_staleness")}
+    keys = ["env_steps_per_s", "labeled_per_s", "updates_per_s", "labeling_lag_s", "policy_staleness"]
+    keys += sorted({k for r in rows for k in r if k.endswith("_fraction")})  # where each role's time went
+    out = {k: steady(rows, k) for k in keys}
+    named = [r["bottleneck"] for r in rows if r.get("bottleneck") and r.get("wall_s", 0) >= 30]
+    out["bottleneck_most_often"] = statistics.mode(named) if named else None
     summary_path = Path(run_dir) / "summary.json"
     out["summary"] = json.loads(summary_path.read_text()) if summary_path.exists() else None
     out["gpu_util_percent"] = gpu_busy(gpu_csv) if Path(gpu_csv).exists() else None
@@ -37,5 +40,5 @@ if __name__ == "__main__":
     if phase == "scaling":
         result = {f"reward_gpus_{i + 1}": summarize(d, f"/tmp/gpu_{i + 1}.csv") for i, d in enumerate(dirs)}
     else:
-        result = summarize(dirs[0], "/tmp/gpu_main.csv")
+        result = summarize(dirs[0], dirs[1] if len(dirs) > 1 else "/tmp/gpu_main.csv")
     print(json.dumps(result, indent=1, default=str))

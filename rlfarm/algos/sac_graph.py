@@ -196,7 +196,10 @@ class GraphedSACUpdates:
         with torch.no_grad():
             torch._foreach_copy_(state, saved)
         self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
+        # thread_local: the learner role's other threads (stats reading the metrics, a checkpoint snapshot, the
+        # weight publisher) may use the device while this thread captures; in the default "global" mode a
+        # synchronizing call from any of them would invalidate the capture.
+        with torch.cuda.graph(self._graph, capture_error_mode="thread_local"):
             self._metrics = self._updates()
 
 

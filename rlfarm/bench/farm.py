@@ -55,7 +55,8 @@ class ChunkProducer:
     def set_weights(self, published: tuple[list, int]) -> None:
         """The learner publishes weights to its runners; nothing acts on them here."""
 
-    def ack(self, seqs: list[int]) -> None:
+    def ack(self, seqs: list[int], published=None) -> None:
+        """The learner's ack (it may carry weights, which a producer of ready-made chunks has no use for)."""
         with self._lock:
             for seq in seqs:
                 if self.in_flight.pop(seq, None) is not None:

@@ -5,6 +5,13 @@ as the learner role runs it on CPU — and is the baseline; every fast row (rlfa
 critic, actor, temperature, Adam and Polyak of several updates captured in one CUDA graph, optionally
 compiled) is measured next to it on an identical agent (same seed) and the same buffer. With `profile`, each row also gets
 the number of GPU kernels and the GPU busy time per update (torch.profiler), which says what the time goes to.
+
+With `role`, a last row per case times the learner role itself (rlfarm/roles/sac_learner.py, built in this
+process on the bench's device): conf/algo/sac.yaml and conf/model/mlp.yaml as `rlfarm train` composes them,
+with the bench's batch size, hidden sizes and buffer rows, doing its bursts (`update_burst`: updates in CUDA-graph
+groups on a GPU, weights published every `publish_every`). That is the figure to hold `updates/s` inside the
+pipeline against, at the same sizes, e.g.
+`rlfarm bench learner bench.sizes.batch_size=4096 'bench.sizes.hidden=[256,256]'`.
 """
 from __future__ import annotations
 
@@ -18,12 +25,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.algos.sac import SACAgent
+from rlfarm.config import CONF_DIR
 from rlfarm.algos.sac_graph import GraphedSACUpdates, SACStep, replay_draw
 from rlfarm.bench.common import median_rate, sizes, synchronize
 from rlfarm.buffers.replay import ReplayBuffer
 from rlfarm.buffers.sampler import UniformSampler
 from rlfarm.buffers.storage import TensorStorage
 from rlfarm.models.mlp import EnsembleQ, SquashedGaussianActor
+from rlfarm.roles.sac_learner import SACLearner
 
 log = logging.getLogger("rlfarm")
 
@@ -59,14 +68,18 @@ def build_agent(obs_dim: int, act_dim: int, hidden: list[int], seed: int, device
 
 def filled_buffer(obs_dim: int, act_dim: int, rows: int, batch_size: int, seed: int, device: str) -> ReplayBuffer:
     """A replay buffer on `device` holding `rows` random transitions (what is sampled does not change the speed)."""
-    generator = torch.Generator().manual_seed(seed)
     buffer = ReplayBuffer(TensorStorage(rows, device), UniformSampler(batch_size, generator_seed=seed))
-    buffer.extend({"obs": torch.randn(rows, obs_dim, generator=generator),
-                   "action": torch.rand(rows, act_dim, generator=generator) * 2 - 1,
-                   "reward": torch.randn(rows, generator=generator),
-                   "next_obs": torch.randn(rows, obs_dim, generator=generator),
-                   "terminated": (torch.rand(rows, generator=generator) < 0.01).float()})
+    buffer.extend(random_transitions(obs_dim, act_dim, rows, seed))
     return buffer
+
+
+def random_transitions(obs_dim: int, act_dim: int, rows: int, seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {"obs": torch.randn(rows, obs_dim, generator=generator),
+            "action": torch.rand(rows, act_dim, generator=generator) * 2 - 1,
+            "reward": torch.randn(rows, generator=generator),
+            "next_obs": torch.randn(rows, obs_dim, generator=generator),
+            "terminated": (torch.rand(rows, generator=generator) < 0.01).float()}
 
 
 def measure_case(case: str, obs_dim: int, act_dim: int, size: DictConfig, seed: int,
@@ -135,7 +148,50 @@ def measure_case(case: str, obs_dim: int, act_dim: int, size: DictConfig, seed: 
                    "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"}
         log.info("%s: %.0f updates/s", name, row["value"])
         rows.append(row)
+    if size.get("role", False):
+        row = measure_role(case, obs_dim, act_dim, size, seed, device) | {"baseline": eager_case}
+        log.info("%s: %.0f updates/s", row["case"], row["value"])
+        rows.append(row)
     return rows, profiles
+
+
+def measure_role(case: str, obs_dim: int, act_dim: int, size: DictConfig, seed: int, device: str) -> dict:
+    """The SAC learner role's bursts, as its update loop runs them, at the bench's sizes (see the docstring)."""
+    algo = OmegaConf.load(CONF_DIR / "algo" / "sac.yaml")
+    algo.batch_size, algo.buffer_size, algo.learning_starts = int(size.batch_size), int(size.buffer_rows), 0
+    model = OmegaConf.load(CONF_DIR / "model" / "mlp.yaml")
+    model.actor.hidden = model.critic.hidden = list(size.hidden)
+    spaces = {"obs_dim": obs_dim, "act_dim": act_dim, "action_low": [-1.0] * act_dim, "action_high": [1.0] * act_dim}
+    name = f"{case}/role"
+    common = {"batch": int(size.batch_size), "hidden": "×".join(map(str, size.hidden)),
+              "obs_dim": obs_dim, "act_dim": act_dim, "unit": UNIT}
+    try:
+        learner = SACLearner(OmegaConf.to_container(algo, resolve=True), OmegaConf.to_container(model, resolve=True),
+                             spaces, seed, torch.get_num_threads(), device=device)
+        learner.buffer.extend(random_transitions(obs_dim, act_dim, int(size.buffer_rows), seed))
+        burst = learner.max_burst
+        started = time.perf_counter()
+        learner.update_burst(burst)  # capture (and compile) on a GPU: measured apart, as setup
+        synchronize(device)
+        setup_s = time.perf_counter() - started
+        calls = max(1, int(size.fast_updates) // burst)
+
+        def bursts() -> None:
+            for _ in range(calls):
+                learner.update_burst(burst)
+
+        value = median_rate(bursts, calls * burst, device, int(size.repeats))
+        learner.publisher.close()
+        agent_cfg = algo.agent
+        return {"case": name, "value": value, **common, "updates_per_call": burst,
+                "graph": learner.graphed is not None,
+                "graph_updates": int(agent_cfg.graph_updates) if learner.graphed else 0,
+                "compile": "losses+optimizers" if learner.graphed and learner.graphed.compile else "no",
+                "setup_s": round(setup_s, 2)}
+    except Exception as error:  # as a failing fast variant: the other rows still count
+        log.warning("%s failed: %s: %s", name, type(error).__name__, error, exc_info=True)
+        return {"case": name, "value": 0.0, **common,
+                "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"}
 
 
 @contextlib.contextmanager

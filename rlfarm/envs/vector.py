@@ -1,23 +1,45 @@
-"""A gymnasium vector env that yields transitions safe to store in a replay buffer.
+"""A vector env that yields transitions safe to store in a replay buffer, written in place into preallocated
+chunk arrays, with its sub-envs stepped in this process or in worker processes.
 
-gymnasium 1.x vector envs autoreset one step *after* an episode ends by default (NEXT_STEP), which turns the
-following step into a dummy transition. We use SAME_STEP instead: the done sub-env is reset inside `step`, its
-true final observation arrives in `infos["final_obs"]` and its step info under `infos["final_info"]`.
-`VectorEnv.step` folds that back into a `StepResult` whose `next_obs` is the real next state of every
-transition and whose `obs` is what the policy acts on next.
+Autoreset: gymnasium 1.x vector envs autoreset one step *after* an episode ends by default (NEXT_STEP), which
+turns the following step into a dummy transition. We reset in the same step instead (SAME_STEP): a done
+sub-env's `next_obs` is its true final observation and its `obs` (what the policy acts on next) the reset
+observation. The sub-envs are stepped by `_SubEnvs` below, a loop over plain gymnasium envs, rather than by
+gymnasium's SyncVectorEnv: that loop can write each result straight into its row of the caller's arrays,
+where SyncVectorEnv merges infos into new arrays every step (the frames among them).
 
-Frames (for pixel reward models) are rendered by a per-env wrapper right after each sub-env step, so the
-done env's frame shows its final state, not the reset state. Headless rendering: MuJoCo uses EGL
-(`MUJOCO_GL=egl` unless set) with shadows and reflections off; classic-control envs use pygame's dummy
-video driver and are resized to `frame_size`. Step + render rates on CPU and GPU machines are in
-docs/benchmarks.md.
+Frames (for pixel reward models) are rendered right after each sub-env step, before a reset, so the frame of
+a done step shows the final state. MuJoCo renders at `frame_size` directly; classic-control envs render with
+pygame and are resized. Each frame is copied once, from the renderer into the caller's chunk array.
+
+Worker processes (`workers` > 0): the sub-envs are split into `workers` contiguous groups, each stepped by a
+`_SubEnvs` in its own process, writing into the same arrays through a shared memory mapping; only a short
+command ("step row t") and each group's finished episodes travel through a pipe. So a runner uses several
+cores, the transitions are those of `workers=0` (same code, same seeds), and frames never get pickled. We do
+not use gymnasium's AsyncVectorEnv: it ties one process to each sub-env (a runner of 16 sub-envs on 4 cores
+would start 16 processes), copies observations out of its shared memory again on every step, and sends the
+final observation and info of a done sub-env through its pipe anyway. Here `num_envs` (the batch of one policy
+forward) and `workers` (the cores) are set apart, as in EnvPool. Workers are started with `python -c`, not
+multiprocessing: a runner is a threaded Ray actor (fork is unsafe there) and multiprocessing's spawn would
+re-import the Ray worker's main module in every worker.
+
+Headless rendering: MuJoCo uses EGL (`MUJOCO_GL=egl` unless set) with shadows and reflections off;
+classic-control envs use pygame's dummy video driver. Rates are in docs/benchmarks.md (`rlfarm bench env`).
 """
 
 import difflib
 import importlib
 import logging
+import mmap
 import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
 # Headless defaults, set before gymnasium/mujoco/pygame look at them. A user's own setting wins.
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -26,14 +48,20 @@ os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
 
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from gymnasium.envs.registration import load_env_creator  # noqa: E402
-from gymnasium.vector import AutoresetMode, SyncVectorEnv  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+WORKER_START_TIMEOUT_S = 120  # importing gymnasium + MuJoCo and building the envs; far above what it takes
+_ALIGN = 64  # bytes: each shared array starts on a cache line
 
 
 class UnknownEnvError(ValueError):
     """An env id that gymnasium's registry does not know."""
+
+
+class EnvWorkerError(RuntimeError):
+    """A worker process stepping a group of sub-envs failed or exited."""
 
 
 @dataclass
@@ -58,123 +86,386 @@ class StepResult:
     episode_lengths: list[int]
 
 
-class VectorEnv:
-    """gymnasium vector env that yields correct transitions (handles the autoreset trap).
+@dataclass
+class StepBuffers:
+    """Preallocated arrays for `steps` vector steps of N sub-envs, written in place by VectorEnv.step_into.
 
-    env_id: a gymnasium id, optionally "module:Id" to import the registering module first.
-    num_envs: sub-envs stepped in this process, seeded seed, seed + 1, ...
-    frame_size: render a frame_size × frame_size RGB frame of every next state (None: no rendering).
-    kwargs: passed to gymnasium.make (e.g. max_episode_steps).
+    obs: [steps + 1, N, *obs_shape] float32: obs[t] is acted on at step t; step t writes obs[t + 1] (the reset
+        obs where an episode ended), so obs[steps] is where the next chunk starts.
+    action: [steps, N, *action_shape] (the action space's dtype), filled by the caller before step t.
+    next_obs: [steps, N, *obs_shape] float32, the true next observation (final obs at episode end).
+    env_reward: [steps, N] float32. terminated, truncated: [steps, N] bool.
+    frames: [steps, N, H, W, 3] uint8 render of next_obs's state, or None when the env renders no frames.
+    key: names these arrays to the worker processes that map them (workers > 0).
     """
 
-    def __init__(
-        self,
-        env_id: str,
-        num_envs: int = 1,
-        seed: int = 0,
-        frame_size: int | None = None,
-        kwargs: dict | None = None,
-    ):
-        spec = _registered_spec(env_id)
-        make_kwargs = dict(kwargs or {})
-        mujoco = _is_mujoco(spec)
+    obs: np.ndarray
+    action: np.ndarray
+    next_obs: np.ndarray
+    env_reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    frames: np.ndarray | None
+    key: int = 0
+
+
+# The arrays of StepBuffers: what a chunk can carry.
+RECORDED = ("obs", "action", "next_obs", "env_reward", "terminated", "truncated", "frames")
+
+
+def make_env(env_id: str, frame_size: int | None = None, kwargs: dict | None = None) -> gym.Env:
+    """One gymnasium env as VectorEnv builds its sub-envs: rendering `frame_size` frames (MuJoCo at that size,
+    shadows and reflections off) when frame_size is set. Raises UnknownEnvError for an unregistered id."""
+    spec = _registered_spec(env_id)
+    make_kwargs = dict(kwargs or {})
+    mujoco = _is_mujoco(spec)
+    if mujoco:
+        _log_mujoco_warnings()
+    if frame_size is not None:
+        make_kwargs["render_mode"] = "rgb_array"
         if mujoco:
-            _log_mujoco_warnings()
-        if frame_size is not None:
-            make_kwargs["render_mode"] = "rgb_array"
-            if mujoco:
-                # Rendering at the target size directly is far cheaper than resizing a 480×480 frame.
-                make_kwargs.update(width=frame_size, height=frame_size)
+            # Rendering at the target size directly is far cheaper than resizing a 480×480 frame.
+            make_kwargs.update(width=frame_size, height=frame_size)
+    env = gym.make(env_id, **make_kwargs)
+    if mujoco and frame_size is not None:
+        _turn_off_shadows_and_reflections(env.unwrapped.model)
+    return env
 
-        def make_one() -> gym.Env:
-            env = gym.make(env_id, **make_kwargs)
-            if mujoco and frame_size is not None:
-                _turn_off_shadows_and_reflections(env.unwrapped.model)
-            return env if frame_size is None else _FrameEachStep(env, frame_size, mujoco)
 
-        self._envs = SyncVectorEnv([make_one] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
-        self.num_envs = num_envs
-        self.single_observation_space = self._envs.single_observation_space
-        self.single_action_space = self._envs.single_action_space
-        self._seed = seed
-        self._renders = frame_size is not None
-        self._episode_return = np.zeros(num_envs, dtype=np.float64)
-        self._episode_length = np.zeros(num_envs, dtype=np.int64)
+def render_frame(env: gym.Env, size: int) -> np.ndarray:
+    """[size, size, 3] uint8 frame of the env's current state (a view of the renderer's array or a resized copy)."""
+    renderer = getattr(env.unwrapped, "mujoco_renderer", None)
+    if renderer is not None and renderer.viewer is not None:
+        # Each sub-env owns a GL context and gymnasium leaves the last-created one current.
+        renderer.viewer.make_context_current()
+    frame = env.render()
+    if frame.shape[:2] == (size, size):
+        return frame
+    return _resize(frame, size)
 
+
+class VectorEnv:
+    """N gymnasium sub-envs that yield correct transitions (handles the autoreset trap), stepped in this process
+    (workers=0) or by `workers` processes, each stepping a contiguous group of the sub-envs.
+
+    env_id: a gymnasium id, optionally "module:Id" to import the registering module first.
+    num_envs: sub-envs, seeded seed, seed + 1, ... (whatever `workers` is).
+    frame_size: render a frame_size × frame_size RGB frame of every next state (None: no rendering).
+    kwargs: passed to gymnasium.make (e.g. max_episode_steps).
+    workers: processes stepping the sub-envs, 0 ≤ workers ≤ num_envs (0: this process).
+
+    Two ways to step: `step(actions) -> StepResult` (fresh arrays each step), or `step_buffers(steps)` once and
+    then `reset_into` / `step_into(buffers, t)`, which write row t of those arrays in place (the chunk path).
+    """
+
+    def __init__(self, env_id: str, num_envs: int = 1, seed: int = 0, frame_size: int | None = None,
+                 kwargs: dict | None = None, workers: int = 0):
+        _registered_spec(env_id)  # an unknown id fails here, in one line, before any worker starts
+        if not 0 <= workers <= num_envs:
+            raise ValueError(f"workers must be in [0, num_envs={num_envs}], got {workers}")
+        self.num_envs, self.frame_size = num_envs, frame_size
+        self._render_s = 0.0
+        self._scratch: StepBuffers | None = None
+        self._keys = 0
+        self._local: _SubEnvs | None = None
+        self._workers: list[_Worker] = []
+        if workers == 0:
+            self._local = _SubEnvs(env_id, 0, num_envs, seed, frame_size, kwargs)
+            spaces = self._local.spaces()
+        else:
+            groups = np.array_split(np.arange(num_envs), workers)
+            self._workers = [_Worker(env_id, int(g[0]), len(g), seed, frame_size, kwargs) for g in groups]
+            try:  # all start at once; then wait for each
+                spaces = [worker.wait_ready() for worker in self._workers][0]
+            except EnvWorkerError:
+                self.close()
+                raise
+        self.single_observation_space, self.single_action_space = spaces
+
+    @property
+    def render_s(self) -> float:
+        """Seconds spent rendering so far (with workers: each step's mean over the groups, which run at once)."""
+        return self._local.render_s if self._local is not None else self._render_s
+
+    # -- the chunk path: rows written in place ------------------------------------------------------
+    def step_buffers(self, steps: int) -> StepBuffers:
+        """Arrays for `steps` vector steps (StepBuffers), in memory the workers share when there are any."""
+        specs = _buffer_specs(steps, self.num_envs, self.single_observation_space, self.single_action_space,
+                              self.frame_size)
+        self._keys += 1
+        if not self._workers:
+            arrays = {name: np.empty(shape, dtype) for name, (shape, dtype) in specs.items()}
+        else:
+            path, layout, arrays = _shared_arrays(specs)
+            try:
+                self._call_all(("attach", self._keys, path, layout))
+            finally:
+                os.unlink(path)  # the mappings stay; the name goes, so nothing is left behind if this process dies
+        return StepBuffers(**{"frames": None, **arrays}, key=self._keys)
+
+    def reset_into(self, buffers: StepBuffers) -> None:
+        """Reset every sub-env with its seed, writing buffers.obs[0]."""
+        if self._local is not None:
+            self._local.reset(buffers)
+        else:
+            self._call_all(("reset", buffers.key))
+
+    def step_into(self, buffers: StepBuffers, t: int) -> tuple[list[float], list[int]]:
+        """Step every sub-env with buffers.action[t]; write row t (obs: row t + 1). Done sub-envs are reset in the
+        same call. Returns the env-reward sums and lengths of the episodes that ended, in sub-env order."""
+        if self._local is not None:
+            return self._local.step(buffers, t)
+        replies = self._call_all(("step", buffers.key, t))
+        self._render_s += sum(render_s for _, _, render_s in replies) / len(replies)
+        return ([r for returns, _, _ in replies for r in returns],
+                [n for _, lengths, _ in replies for n in lengths])
+
+    # -- one step at a time -------------------------------------------------------------------------
     def reset(self) -> np.ndarray:
         """Reset every sub-env with its seed. Returns obs [num_envs, *obs_shape] float32."""
-        obs, _ = self._envs.reset(seed=self._seed)
-        self._episode_return[:] = 0
-        self._episode_length[:] = 0
-        return np.asarray(obs, dtype=np.float32)
+        if self._scratch is None:
+            self._scratch = self.step_buffers(1)
+        self.reset_into(self._scratch)
+        return self._scratch.obs[0].copy()
 
     def step(self, actions: np.ndarray) -> StepResult:
         """Step every sub-env with actions [num_envs, *action_shape]; done sub-envs are reset in the same call."""
-        obs, reward, terminated, truncated, infos = self._envs.step(actions)
-        obs = np.asarray(obs, dtype=np.float32)
-        done = np.logical_or(terminated, truncated)
-        done_ids = np.flatnonzero(done)
-
-        next_obs = obs.copy()
-        for i in done_ids:
-            next_obs[i] = infos["final_obs"][i]
-
-        frames = None
-        if self._renders:
-            # Sub-envs that did not end report their frame in infos; ended ones under final_info (pre-reset).
-            frames = infos["frame"] if "frame" in infos else np.zeros_like(infos["final_info"]["frame"])
-            for i in done_ids:
-                frames[i] = infos["final_info"]["frame"][i]
-
-        self._episode_return += reward
-        self._episode_length += 1
-        episode_returns = [float(self._episode_return[i]) for i in done_ids]
-        episode_lengths = [int(self._episode_length[i]) for i in done_ids]
-        self._episode_return[done] = 0
-        self._episode_length[done] = 0
-
-        return StepResult(
-            next_obs=next_obs,
-            obs=obs,
-            env_reward=reward.astype(np.float32),
-            terminated=terminated.astype(bool),
-            truncated=truncated.astype(bool),
-            frames=frames,
-            episode_returns=episode_returns,
-            episode_lengths=episode_lengths,
-        )
+        if self._scratch is None:
+            raise RuntimeError("VectorEnv.reset() must come before step()")
+        rows = self._scratch
+        rows.action[0] = actions
+        returns, lengths = self.step_into(rows, 0)
+        return StepResult(next_obs=rows.next_obs[0].copy(), obs=rows.obs[1].copy(),
+                          env_reward=rows.env_reward[0].copy(), terminated=rows.terminated[0].copy(),
+                          truncated=rows.truncated[0].copy(),
+                          frames=None if rows.frames is None else rows.frames[0].copy(),
+                          episode_returns=returns, episode_lengths=lengths)
 
     def close(self) -> None:
-        self._envs.close()
+        if self._local is not None:
+            self._local.close()
+        for worker in self._workers:
+            worker.close()
+        self._workers = []
+
+    def _call_all(self, message: tuple) -> list:
+        """Send `message` to every worker, then gather their replies (they work at once)."""
+        for worker in self._workers:
+            worker.send(message)
+        return [worker.receive() for worker in self._workers]
 
 
-class _FrameEachStep(gym.Wrapper):
-    """Puts a [size, size, 3] uint8 frame of the post-step state into info["frame"].
+class _SubEnvs:
+    """Sub-envs first … first + count - 1 of a vector env, stepped one after another in this process. Each writes
+    its own column of the StepBuffers: SAME_STEP autoreset, the frame rendered before the reset."""
 
-    Rendering here, inside the sub-env's step, is what makes the frame of a done step show the final state:
-    SAME_STEP autoreset resets the sub-env right after this returns.
-    """
+    def __init__(self, env_id: str, first: int, count: int, seed: int, frame_size: int | None, kwargs: dict | None):
+        self.envs = [make_env(env_id, frame_size, kwargs) for _ in range(count)]
+        self.first, self.seed, self.frame_size = first, seed, frame_size
+        self.episode_return = np.zeros(count, dtype=np.float64)
+        self.episode_length = np.zeros(count, dtype=np.int64)
+        self.render_s = 0.0
 
-    def __init__(self, env: gym.Env, size: int, mujoco: bool):
-        super().__init__(env)
-        self._size = size
-        self._mujoco = mujoco
+    def spaces(self) -> tuple[gym.Space, gym.Space]:
+        return self.envs[0].observation_space, self.envs[0].action_space
 
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        return obs, reward, terminated, truncated, {**info, "frame": self._frame()}
+    def reset(self, rows: StepBuffers) -> None:
+        for j, env in enumerate(self.envs):
+            obs, _ = env.reset(seed=self.seed + self.first + j)
+            rows.obs[0, self.first + j] = obs
+        self.episode_return[:] = 0
+        self.episode_length[:] = 0
 
-    def _frame(self) -> np.ndarray:
-        if self._mujoco and self.env.unwrapped.mujoco_renderer.viewer is not None:
-            # Each sub-env owns a GL context and gymnasium leaves the last-created one current.
-            self.env.unwrapped.mujoco_renderer.viewer.make_context_current()
-        frame = self.env.render()
-        if frame.shape[:2] == (self._size, self._size):
-            return frame
-        # Area-aware downsampling keeps thin shapes (Pendulum's rod) visible at small sizes.
-        chw = torch.from_numpy(np.ascontiguousarray(frame)).permute(2, 0, 1)[None].float()
-        resized = F.interpolate(chw, size=(self._size, self._size), mode="bilinear", antialias=True)
-        return resized[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
+    def step(self, rows: StepBuffers, t: int) -> tuple[list[float], list[int]]:
+        returns, lengths = [], []
+        for j, env in enumerate(self.envs):
+            i = self.first + j
+            obs, reward, terminated, truncated, _ = env.step(rows.action[t, i])
+            rows.next_obs[t, i] = obs
+            rows.env_reward[t, i], rows.terminated[t, i], rows.truncated[t, i] = reward, terminated, truncated
+            if rows.frames is not None:
+                started = time.perf_counter()
+                rows.frames[t, i] = render_frame(env, self.frame_size)
+                self.render_s += time.perf_counter() - started
+            self.episode_return[j] += reward
+            self.episode_length[j] += 1
+            if terminated or truncated:
+                returns.append(float(self.episode_return[j]))
+                lengths.append(int(self.episode_length[j]))
+                self.episode_return[j], self.episode_length[j] = 0, 0
+                obs, _ = env.reset()  # unseeded: the sub-env's own generator goes on
+            rows.obs[t + 1, i] = obs
+        return returns, lengths
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+        self.envs = []  # a second close() has nothing left to close
+
+
+# -- worker processes -----------------------------------------------------------------------------------------
+class _Worker:
+    """The parent's handle on one worker process stepping a group of sub-envs (`serve_worker` on the other end).
+
+    Started with `python -c` over a socket pair; when the parent dies, the socket closes and the worker exits."""
+
+    def __init__(self, env_id: str, first: int, count: int, seed: int, frame_size: int | None, kwargs: dict | None):
+        self.first, self.count = first, count
+        ours, theirs = socket.socketpair()
+        # The parent's import path travels along, so "module:Id" env ids resolve in the worker as they do here.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from rlfarm.envs.vector import serve_worker; serve_worker(int(sys.argv[1]))",
+             str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.conn.send(("init", env_id, first, count, seed, frame_size, dict(kwargs or {})))
+
+    def wait_ready(self) -> tuple[gym.Space, gym.Space]:
+        if not self.conn.poll(WORKER_START_TIMEOUT_S):
+            self.close()
+            raise EnvWorkerError(f"env worker for sub-envs {self._range()} did not start in {WORKER_START_TIMEOUT_S} s")
+        return self.receive()
+
+    def send(self, message: tuple) -> None:
+        try:
+            self.conn.send(message)
+        except OSError as error:
+            raise self._exited() from error
+
+    def receive(self):
+        try:
+            status, payload = self.conn.recv()
+        except (EOFError, OSError) as error:
+            raise self._exited() from error
+        if status == "error":
+            raise EnvWorkerError(f"env worker for sub-envs {self._range()} failed: {payload}")
+        return payload
+
+    def _exited(self) -> EnvWorkerError:
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = "none yet"
+        return EnvWorkerError(f"env worker for sub-envs {self._range()} exited (code {code})")
+
+    def close(self) -> None:
+        try:
+            self.conn.send(("close",))
+        except OSError:
+            pass
+        self.conn.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def _range(self) -> str:
+        return f"{self.first}..{self.first + self.count - 1}"
+
+
+def serve_worker(fd: int) -> None:
+    """A worker process's loop: build the group of sub-envs, then answer the parent's commands until it says
+    close or goes away. Each reply is ("ok", payload) or ("error", the exception's last traceback line)."""
+    conn = Connection(fd)
+    group: _SubEnvs | None = None
+    buffers: dict[int, StepBuffers] = {}
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            break  # the parent is gone
+        command, args = message[0], message[1:]
+        if command == "close":
+            break
+        try:
+            if command == "init":
+                group = _SubEnvs(*args)
+                reply = group.spaces()
+            elif command == "attach":
+                key, path, layout = args
+                buffers[key] = StepBuffers(**{"frames": None, **_map_arrays(path, layout)}, key=key)
+                reply = None
+            elif command == "reset":
+                group.reset(buffers[args[0]])
+                reply = None
+            elif command == "step":
+                render_before = group.render_s
+                returns, lengths = group.step(buffers[args[0]], args[1])
+                reply = (returns, lengths, group.render_s - render_before)
+            else:
+                raise ValueError(f"unknown command {command!r}")
+            conn.send(("ok", reply))
+        except Exception as error:  # noqa: BLE001 - reported to the parent, which raises it there
+            last = traceback.format_exception_only(type(error), error)[-1].strip()
+            conn.send(("error", last))
+    if group is not None:
+        group.close()
+
+
+# -- shared arrays ------------------------------------------------------------------------------------------
+def _buffer_specs(steps: int, n: int, obs_space: gym.Space, action_space: gym.Space,
+                  frame_size: int | None) -> dict[str, tuple[tuple[int, ...], str]]:
+    """StepBuffers' arrays: name → (shape, dtype)."""
+    obs_shape, action_shape = tuple(obs_space.shape), tuple(action_space.shape)
+    specs = {
+        "obs": ((steps + 1, n, *obs_shape), "float32"),
+        "action": ((steps, n, *action_shape), np.dtype(action_space.dtype).str),
+        "next_obs": ((steps, n, *obs_shape), "float32"),
+        "env_reward": ((steps, n), "float32"),
+        "terminated": ((steps, n), "bool"),
+        "truncated": ((steps, n), "bool"),
+    }
+    if frame_size is not None:
+        specs["frames"] = ((steps, n, frame_size, frame_size, 3), "uint8")
+    return specs
+
+
+def _shared_arrays(specs: dict) -> tuple[str, list, dict[str, np.ndarray]]:
+    """Arrays in one file-backed shared mapping: (file path for the workers to map, layout, arrays)."""
+    layout, size = [], 0
+    for name, (shape, dtype) in specs.items():
+        layout.append((name, shape, dtype, size))
+        size += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // _ALIGN) * _ALIGN
+    path = _reserve_file(max(size, 1))
+    return path, layout, _map_arrays(path, layout)
+
+
+def _reserve_file(size: int) -> str:
+    """A file of `size` bytes whose pages are reserved now: in /dev/shm (memory), or in the temp dir when
+    /dev/shm is too small (a container's 64 MB default). Reserving up front turns a full /dev/shm into this
+    fallback instead of a SIGBUS on some later write."""
+    for directory in ("/dev/shm", tempfile.gettempdir()):
+        if not os.path.isdir(directory):
+            continue
+        fd, path = tempfile.mkstemp(prefix="rlfarm-steps-", dir=directory)
+        try:
+            os.posix_fallocate(fd, 0, size)
+            return path
+        except OSError:
+            os.unlink(path)
+            log.warning(f"no room for {size / 2**20:.0f} MB of step buffers in {directory}; trying the next place")
+        finally:
+            os.close(fd)
+    raise EnvWorkerError(f"no room for {size / 2**20:.0f} MB of shared step buffers in /dev/shm or the temp dir")
+
+
+def _map_arrays(path: str, layout: list) -> dict[str, np.ndarray]:
+    with open(path, "r+b") as file:
+        mapping = mmap.mmap(file.fileno(), 0)  # the arrays below keep it alive
+    return {name: np.ndarray(shape, dtype, buffer=mapping, offset=offset) for name, shape, dtype, offset in layout}
+
+
+# -- rendering and registry helpers -------------------------------------------------------------------------
+def _resize(frame: np.ndarray, size: int) -> np.ndarray:
+    """Area-aware downsampling keeps thin shapes (Pendulum's rod) visible at small sizes."""
+    import torch
+    import torch.nn.functional as F
+
+    chw = torch.from_numpy(np.ascontiguousarray(frame)).permute(2, 0, 1)[None].float()
+    resized = F.interpolate(chw, size=(size, size), mode="bilinear", antialias=True)
+    return resized[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
 
 
 def _turn_off_shadows_and_reflections(model) -> None:

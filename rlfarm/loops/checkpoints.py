@@ -2,6 +2,11 @@
 or `run.checkpoint_every_min` minutes (keeping the newest two), and turn SIGTERM into a flag the loop checks
 between cycles (it then writes preempted.pt and exits for a requeue). The loop supplies `checkpoint(name)`.
 
+A loop whose learner keeps working while it saves (off-policy) also supplies `start_checkpoint(name)`, which
+returns a `concurrent.futures.Future` of the path (a Ray ref's `.future()`): the periodic checkpoint is then
+requested and the loop keeps going; it is logged, and the older ones rotated out, once it has landed. At most
+one is in flight; one that takes longer than `checkpoint_late_s` is warned about once.
+
 Slurm signals every process of the job, Ray's workers too, so a role may die of the same SIGTERM before the
 driver gets to its checkpoint: `until_preempted` turns any failure after the signal into the preemption exit,
 resuming from the newest checkpoint on disk."""
@@ -10,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from concurrent.futures import Future
 
 from rlfarm.errors import Preempted
 from rlfarm.run import newest_checkpoint
@@ -24,8 +30,12 @@ class PeriodicCheckpoints:
     `checkpoint(name, **args) -> path` (which asks its learner to save); call `_start_checkpoints` in __init__
     and `schedule_checkpoints_from(updates)` on resume."""
 
+    checkpoint_late_s: float | None = None  # warn once about a periodic checkpoint in flight this long
+
     def _start_checkpoints(self, updates: int = 0) -> None:
         self._preempt = False
+        self._in_flight: tuple[str, Future, float] | None = None  # (name, future path, requested at)
+        self._late_warned = False
         self.schedule_checkpoints_from(updates)
 
     def schedule_checkpoints_from(self, updates: int) -> None:
@@ -37,16 +47,45 @@ class PeriodicCheckpoints:
         """Signal-handler side: only sets a flag; the loop checkpoints after its current cycle."""
         self._preempt = True
 
-    def _maybe_checkpoint(self, updates: int) -> None:
+    def start_checkpoint(self, name: str) -> Future:
+        """Ask for a checkpoint; the future holds its path. Default: written now, by `checkpoint(name)` (a
+        synchronous loop's learner is idle between cycles)."""
+        written: Future = Future()
+        written.set_result(self.checkpoint(name))
+        return written
+
+    def _checkpoint_due(self, updates: int) -> bool:
         every_updates, every_min = self.cfg.run.checkpoint_every_updates, self.cfg.run.checkpoint_every_min
         last_updates, last_time = self._last_checkpoint
-        if (every_updates and updates - last_updates >= every_updates) or \
-                (every_min and time.monotonic() - last_time >= 60 * every_min):
-            path = self.checkpoint(f"step_{updates:09d}.pt")
+        return bool((every_updates and updates - last_updates >= every_updates) or
+                    (every_min and time.monotonic() - last_time >= 60 * every_min))
+
+    def _maybe_checkpoint(self, updates: int) -> None:
+        self._land_checkpoint()
+        if self._in_flight is None and self._checkpoint_due(updates):
+            name = f"step_{updates:09d}.pt"
+            self._in_flight = (name, self.start_checkpoint(name), time.monotonic())
+            self._late_warned = False
             self.schedule_checkpoints_from(updates)
-            for old in sorted(self.run.checkpoint_dir.glob("step_*.pt"))[:-KEEP]:
-                old.unlink(missing_ok=True)
-            log.info("checkpoint %s", path)
+            self._land_checkpoint()
+
+    def _land_checkpoint(self) -> None:
+        """The periodic checkpoint in flight has been written: log it and keep the newest KEEP."""
+        if self._in_flight is None:
+            return
+        name, future, requested = self._in_flight
+        if not future.done():
+            waited = time.monotonic() - requested
+            if self.checkpoint_late_s is not None and waited > self.checkpoint_late_s and not self._late_warned:
+                self._late_warned = True
+                log.warning("checkpoint %s: the learner has not written it after %.0f s; no other periodic "
+                            "checkpoint is requested until it is", name, waited)
+            return
+        self._in_flight = None
+        path = future.result()  # a save that raised fails the run, as it would have synchronously
+        for old in sorted(self.run.checkpoint_dir.glob("step_*.pt"))[:-KEEP]:
+            old.unlink(missing_ok=True)
+        log.info("checkpoint %s", path)
 
     def _after_update(self, updates: int, **checkpoint_args) -> None:
         """Between cycles: a periodic checkpoint when one is due; after SIGTERM, preempted.pt and the exit."""

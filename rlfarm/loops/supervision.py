@@ -7,7 +7,13 @@ counts settled transitions per (runner, incarnation key) and delivered ones per 
 runner's last stats report says how many env steps it took. `Supervisor` adds those to the live incarnations'
 own counts (`dead_env_steps`, `settled_by_dead`, `delivered_by_dead`) and gives a restarted runner what is left
 of its share of the env steps (`successor_budget`, `tighten_budgets`). The learner is not restarted: its state
-is the run's state, and a checkpoint + `resume` is how it comes back."""
+is the run's state, and a checkpoint + `resume` is how it comes back.
+
+No wait on a role is open-ended. `ask` is `ray.get` with a deadline that names the role that did not answer.
+`poll` keeps one stats request per role in flight and never waits past its `wait_s`; `unresponsive` names the
+roles whose request is older than the deadline, and the labelers stuck in one reward-model call for longer
+(a labeler reports `in_call_s` from another thread of its threaded actor). `kill` hands such a worker to Ray
+for a restart (the recovery path then re-wires it as after any death), or ends the run when restarts are used up."""
 from __future__ import annotations
 
 import json
@@ -15,6 +21,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import ray
 
@@ -25,8 +32,47 @@ SEQS_PER_INCARNATION = 10**7  # ... and those of a runner's i-th restart within 
 MAX_INCARNATIONS = SEQS_PER_EPOCH // SEQS_PER_INCARNATION
 
 
-class WorkerLost(RuntimeError):
+class RoleFailed(RuntimeError):
+    """A role failed in a way that ends the run; the message is the one line the user reads."""
+
+
+class WorkerLost(RoleFailed):
     """A worker died and may not be restarted again (or did not come back)."""
+
+
+class RoleUnresponsive(RoleFailed):
+    """A role did not answer a call within its deadline."""
+
+
+class Interrupted(RuntimeError):
+    """A wait was cut short because the run must end now (SIGTERM, or run.max_wall_s)."""
+
+
+SLICE_S = 0.2  # a long wait looks at its `interrupted` flag this often
+
+
+def ask(calls: list[tuple[str, ray.ObjectRef]], what: str, timeout_s: float,
+        interrupted: Callable[[], bool] | None = None) -> list:
+    """`ray.get` of several roles' answers, each named (e.g. ("labeler 2", ref)), within `timeout_s`; raises
+    RoleUnresponsive naming the first role that did not answer `what` in time, Interrupted when `interrupted()`
+    turns true meanwhile (checked every SLICE_S)."""
+    refs = [ref for _, ref in calls]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=max(min(left, SLICE_S), 0))
+        if not pending:
+            return ray.get(refs)
+        if interrupted is not None and interrupted():
+            raise Interrupted(f"stopped waiting for {what}")
+        if left <= 0:
+            late = next(name for name, ref in calls if ref in set(pending))
+            raise RoleUnresponsive(f"{late} did not answer {what} within {timeout_s:g} s")
+
+
+def ask_one(who: str, ref: ray.ObjectRef, what: str, timeout_s: float,
+            interrupted: Callable[[], bool] | None = None):
+    return ask([(who, ref)], what, timeout_s, interrupted)[0]
 
 
 @dataclass
@@ -39,6 +85,8 @@ class Worker:
     done: ray.ObjectRef | None = None  # the ref of its running `run()` call
     pid: int | None = None
     stats: dict = field(default_factory=dict)  # the newest stats of the live incarnation
+    asked: tuple[ray.ObjectRef, float] | None = None  # the stats request in flight, and when it was made
+    killed: bool = False               # handed to Ray for a restart; recovered once its run() fails
 
     @property
     def name(self) -> str:
@@ -66,7 +114,9 @@ def died(ref: ray.ObjectRef) -> BaseException | None:
 
 
 class Supervisor:
-    def __init__(self, runners: list, labelers: list, max_restarts: int, roles_file: Path | None = None):
+    def __init__(self, learner, runners: list, labelers: list, max_restarts: int, roles_file: Path | None = None):
+        # the learner is watched (stats, deadline) but never restarted: it is not among `workers`
+        self.learner = Worker("learner", 0, learner)
         self.workers = [Worker("env_runner", i, a) for i, a in enumerate(runners)] + \
                        [Worker("labeler", i, a) for i, a in enumerate(labelers)]
         self.max_restarts = max_restarts
@@ -91,45 +141,99 @@ class Supervisor:
 
     def dead(self) -> list[Worker]:
         """Workers whose `run()` ended with the actor's death."""
-        ready, _ = ray.wait([w.done for w in self.workers], num_returns=len(self.workers), timeout=0)
-        ready = set(ready)
+        ready = self._ended()
         return [w for w in self.workers if w.done in ready and died(w.done) is not None]
 
-    def poll(self, timeout_s: float = 2.0) -> list[dict]:
-        """Refresh each worker's stats; returns the fresh ones. A worker that is dead or restarting keeps its
-        last stats; stats from a new incarnation the loop has not recovered yet are ignored (the pid tells)."""
-        refs = {w.actor.stats.remote(): w for w in self.workers}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    def poll(self, wait_s: float) -> list[Worker]:
+        """Refresh the stats of every role (learner first); returns the roles whose stats are fresh. Each role has
+        at most one stats request in flight: one that has not answered yet is waited for again next time (its age
+        is what `unresponsive` judges). A worker that is dead or restarting keeps its last stats; stats from a new
+        incarnation the loop has not recovered yet are ignored (the pid tells)."""
+        roles, now = [self.learner, *self.workers], time.monotonic()
+        for role in roles:
+            if role.asked is None:
+                role.asked = (role.actor.stats.remote(), now)
+        refs = {role.asked[0]: role for role in roles}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s)
         fresh = []
         for ref in ready:
-            worker = refs[ref]
+            role = refs[ref]
+            role.asked = None
             try:
                 stats = ray.get(ref)
             except ray.exceptions.RayError:
                 continue
-            if worker.pid is None or stats["pid"] == worker.pid:
-                worker.pid, worker.stats = stats["pid"], stats
-                fresh.append(stats)
+            if role.pid is None or stats["pid"] == role.pid:
+                role.pid, role.stats = stats["pid"], stats
+                fresh.append(role)
         return fresh
 
-    def wait_until_back(self, worker: Worker, timeout_s: float) -> int:
-        """Block until Ray has restarted the worker; returns its new pid."""
-        if worker.restarts >= self.max_restarts or worker.incarnation + 1 >= MAX_INCARNATIONS:
+    def unresponsive(self, deadline_s: float, warmup_s: float) -> list[tuple[Worker, str]]:
+        """(role, what is wrong) for each live role whose stats request is older than `deadline_s`, and each
+        labeler that has been in one reward-model call for longer (`warmup_s` for a labeler not warm yet: its model
+        may be compiling). Dead workers and those already handed to Ray for a restart are the recovery's business,
+        not this."""
+        ended, now = self._ended(), time.monotonic()
+        roles = [role for role in [self.learner, *self.workers] if not role.killed and role.done not in ended]
+        # an old request may have been answered since the last poll (the loop was busy elsewhere): not late
+        old = [role.asked[0] for role in roles if role.asked is not None and now - role.asked[1] > deadline_s]
+        _, late = ray.wait(old, num_returns=len(old), timeout=0) if old else ([], [])
+        found, late = [], set(late)
+        for role in roles:
+            if role.asked is not None and role.asked[0] in late:
+                found.append((role, f"did not answer stats within {deadline_s:g} s"))
+            elif role.stats.get("in_call_s", 0.0) > (deadline_s if role.stats.get("warm", True) else warmup_s):
+                allowed = (f"run.role_timeout_s={deadline_s:g}" if role.stats.get("warm", True)
+                           else f"one of its first calls: run.restart_timeout_s={warmup_s:g}")
+                found.append((role, f"has been in one reward-model call for {role.stats['in_call_s']:.0f} s "
+                                    f"({allowed})"))
+        return found
+
+    def kill(self, worker: Worker, problem: str) -> None:
+        """Hand a stuck worker to Ray for a restart (its run() then fails, and the loop recovers it as after any
+        death); raises WorkerLost when it may not be restarted again."""
+        if not self._may_restart(worker):
+            raise WorkerLost(f"{worker.name} {problem}, and run.max_restarts={self.max_restarts} is used up "
+                             "(raise it, or resume the run: rlfarm train resume=<run_dir>)")
+        log.warning("%s (pid %s) %s: killing it for Ray to restart", worker.name, worker.pid, problem)
+        worker.killed = True
+        ray.kill(worker.actor, no_restart=False)
+
+    def wait_until_back(self, worker: Worker, timeout_s: float, interrupted: Callable[[], bool] | None = None) -> int:
+        """Block until Ray has restarted the worker (at most `timeout_s`; Interrupted when `interrupted()` turns
+        true meanwhile); returns its new pid."""
+        if not self._may_restart(worker):
             raise WorkerLost(f"{worker.name} died and run.max_restarts={self.max_restarts} is used up "
                              f"(raise it, or resume the run: rlfarm train resume=<run_dir>)")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if interrupted is not None and interrupted():
+                raise Interrupted(f"{worker.name} was not waited for")
             try:
-                stats = ray.get(worker.actor.stats.remote(), timeout=max(deadline - time.monotonic(), 0.1))
+                stats = ray.get(worker.actor.stats.remote(), timeout=min(max(deadline - time.monotonic(), 0.1), 1.0))
             except ray.exceptions.ActorDiedError as error:
                 raise WorkerLost(f"{worker.name} died and was not restarted: {_first_line(error)}") from None
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                time.sleep(0.2)
+                time.sleep(SLICE_S)
                 continue
             if stats["pid"] != worker.pid:
                 return stats["pid"]
             time.sleep(0.1)  # the old incarnation's pid: Ray has not noticed the death yet
         raise WorkerLost(f"{worker.name} died and did not come back within {timeout_s:g} s")
+
+    def _may_restart(self, worker: Worker) -> bool:
+        return worker.restarts < self.max_restarts and worker.incarnation + 1 < MAX_INCARNATIONS
+
+    def running(self, roles: list[Worker]) -> list[Worker]:
+        """Those of `roles` whose `run()` has not ended."""
+        ended = self._ended()
+        return [w for w in roles if w.done not in ended]
+
+    def _ended(self) -> set:
+        """The `run()` refs that are ready: the worker returned, failed, or died."""
+        refs = [w.done for w in [self.learner, *self.workers] if w.done is not None]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return set(ready)
 
     def restarted(self, worker: Worker, new_pid: int, started: float, detail: dict) -> None:
         """Record a finished recovery (the loop has re-wired the worker and called `run()` again)."""
@@ -137,7 +241,7 @@ class Supervisor:
                   "recovery_s": round(time.monotonic() - started, 3), **detail}
         worker.restarts += 1
         worker.incarnation += 1
-        worker.pid, worker.stats = new_pid, {}
+        worker.pid, worker.stats, worker.asked, worker.killed = new_pid, {}, None, False
         self.recoveries.append(record)
         log.warning("%s (pid %s) died; restarted as pid %d and back at work in %.2f s%s", worker.name,
                     record["pid_before"], new_pid, record["recovery_s"],
@@ -193,7 +297,7 @@ class Supervisor:
         if self.roles_file is None:
             return
         table = [{"role": w.kind, "index": w.index, "pid": w.pid, "incarnation": w.incarnation,
-                  "restarts": w.restarts} for w in self.workers]
+                  "restarts": w.restarts} for w in [self.learner, *self.workers]]
         tmp = self.roles_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(table, indent=1))
         tmp.replace(self.roles_file)

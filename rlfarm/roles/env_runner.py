@@ -4,6 +4,14 @@ A chunk carries no reward: only what the reward model needs (`needs`, e.g. the e
 rendered frames). It is put in the object store once; only its ref travels to a labeler. Each runner
 holds `credits`: one is spent per chunk and returned by the learner once the chunk is stored and the
 updates it owes are done, so a slow labeling farm or learner pauses acting instead of piling up memory.
+
+The frame path: the runner's vector env writes every step (frames included, rendered at the reward model's
+input size) straight into preallocated [chunk_steps, num_envs, ...] arrays, in worker processes' shared memory
+when `env.workers` > 0; the chunk is a flat view of them, so `ray.put` is the only copy after the renderer's.
+Time is kept per stage (stats()["stage_s"], disjoint: they add up to the runner's time): act (policy forward and
+weight loads), step (stepping the sub-envs and waiting on the workers, less the rendering), render (the frames;
+with workers, each step's mean over the worker processes, which render at once), credit_wait, send (ray.put and
+submit).
 """
 from __future__ import annotations
 
@@ -13,13 +21,14 @@ import sys
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 
 import numpy as np
 import ray
 import torch
 from hydra.utils import instantiate
 
-from rlfarm.envs.vector import VectorEnv
+from rlfarm.envs.vector import RECORDED, StepBuffers, VectorEnv
 from rlfarm.roles.common import limit_threads, seed_everything
 from rlfarm.roles.versioned_weights import HeldWeights, Publication
 
@@ -35,15 +44,62 @@ def spread_rendering(index: int) -> None:
         os.environ["MUJOCO_EGL_DEVICE_ID"] = str(index % gpus)
 
 
+def limit_software_rendering(threads: int) -> None:
+    """Mesa's software rasteriser (llvmpipe, the EGL of a machine without a GPU driver) starts one render thread
+    per core in every process that renders: dozens of runners on a many-core node would each start dozens.
+    Give each rendering process its share of the runner's cores instead. A user's own setting wins."""
+    os.environ.setdefault("LP_NUM_THREADS", str(max(1, threads)))
+
+
+class StageClock:
+    """Cumulative seconds per named stage (stats()["stage_s"]). A snapshot counts a stage timed by `timing` up to
+    now, so a runner blocked on credits for a whole metrics interval shows it in that interval."""
+
+    def __init__(self, *names: str):
+        self.seconds = dict.fromkeys(names, 0.0)
+        self._current: tuple[str, float] | None = None  # (stage, its start) while one runs
+        self._lock = threading.Lock()  # snapshots from other threads see each second once, never a dip
+
+    @contextmanager
+    def timing(self, name: str):
+        with self._lock:
+            self._current = (name, time.perf_counter())
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.seconds[name] += time.perf_counter() - self._current[1]
+                self._current = None
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[name] += seconds
+
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            seconds = dict(self.seconds)
+            if self._current is not None:
+                seconds[self._current[0]] += time.perf_counter() - self._current[1]
+        return seconds
+
+
 class EnvRunner:
     def __init__(self, index: int, env_cfg: dict, actor_cfg: dict, needs: list[str], frame_size: int | None,
                  seed: int, chunk_steps: int, credits: int, random_steps: int, threads: int = 1):
         limit_threads(threads)
         seed_everything(seed + 7919 * index)
         spread_rendering(index)
+        workers = int(env_cfg.get("workers", 0))
+        limit_software_rendering(threads // max(1, workers))
         self.index, self.needs, self.chunk_steps, self.random_steps = index, list(needs), chunk_steps, random_steps
-        self.env = VectorEnv(env_cfg["id"], env_cfg.get("num_envs", 1), seed + 1000 * index,
-                             frame_size, dict(env_cfg.get("kwargs") or {}))
+        self.env = VectorEnv(env_cfg["id"], int(env_cfg.get("num_envs", 1)), seed + 1000 * index,
+                             frame_size, dict(env_cfg.get("kwargs") or {}), workers)
+        self.buffers: StepBuffers = self.env.step_buffers(chunk_steps)
+        missing = [key for key in self.needs if key not in RECORDED or getattr(self.buffers, key) is None]
+        if missing:
+            raise ValueError(f"the reward model needs {missing}, which a runner does not record "
+                             f"(it records {', '.join(RECORDED)}; frames need a frame_size)")
+        self._carry_row: int | None = None  # the row of buffers.obs the next chunk starts from (None: reset first)
         space = self.env.single_action_space
         self.obs_dim = int(np.prod(self.env.single_observation_space.shape))
         self.act_dim = int(np.prod(space.shape))
@@ -61,7 +117,7 @@ class EnvRunner:
         self.labelers: list = []
         self.env_steps = self.produced = self.chunks = 0
         self.max_env_steps = sys.maxsize  # run() and set_budget() lower it
-        self.credit_wait_s = 0.0
+        self.stages = StageClock("act", "step", "render", "credit_wait", "send")
         self.finished_returns: deque[float] = deque()
         self.finished_lengths: deque[int] = deque()
 
@@ -74,13 +130,16 @@ class EnvRunner:
         self.labelers = list(labelers)
 
     def set_weights(self, published: Publication) -> None:
-        """Called by the learner on publication; the tensors are fetched when the next chunk starts."""
+        """Called by the learner at start and after a restart; the tensors are fetched when the next chunk starts."""
         with self._lock:
             if self._pending_weights is None or published[1] > self._pending_weights[1]:
                 self._pending_weights = published
 
-    def ack(self, seqs: list[int]) -> None:
-        """The learner stored these chunks and did the updates they owe: give the credits back."""
+    def ack(self, seqs: list[int], published: Publication | None = None) -> None:
+        """The learner stored these chunks and did the updates they owe: give the credits back. `published`, the
+        learner's newest weights riding on the ack, is taken as set_weights would take it."""
+        if published is not None:
+            self.set_weights(published)
         with self._lock:
             for seq in seqs:
                 if self.in_flight.pop(seq, None) is not None:
@@ -97,6 +156,10 @@ class EnvRunner:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def close(self) -> None:
+        """Stop the env's worker processes (run() does this when it returns)."""
+        self.env.close()
 
     def set_budget(self, max_env_steps: int) -> None:
         """Lower this runner's step budget mid-run (its predecessor's last chunks turned up late)."""
@@ -115,25 +178,35 @@ class EnvRunner:
             action = self.policy.act(torch.as_tensor(obs, dtype=torch.float32).reshape(obs.shape[0], -1))
         return action.numpy()
 
-    def _collect_chunk(self, obs: np.ndarray, steps: int) -> tuple[dict, np.ndarray]:
-        fields: dict[str, list] = {k: [] for k in ("obs", "action", "next_obs", "terminated", "truncated", *self.needs)}
-        for _ in range(steps):
-            action = self._act(obs)
-            step = self.env.step(action)
-            fields["obs"].append(obs)
-            fields["action"].append(action)
-            fields["next_obs"].append(step.next_obs)
-            fields["terminated"].append(step.terminated)
-            fields["truncated"].append(step.truncated)
-            for key in self.needs:
-                fields[key].append(getattr(step, key))
-            self.finished_returns.extend(step.episode_returns)
-            self.finished_lengths.extend(step.episode_lengths)
-            self.env_steps += obs.shape[0]
-            obs = step.obs
-        # [steps, envs, ...] → [steps * envs, ...]: the labelers and the buffer see flat transitions.
-        chunk = {k: np.concatenate(v, axis=0) for k, v in fields.items()}
-        return chunk, obs
+    def collect(self, steps: int) -> dict[str, np.ndarray]:
+        """Load the newest weights handed over, then act `steps` (≤ chunk_steps) vector steps from where the last
+        chunk ended. Returns the chunk: flat [steps * num_envs, ...] views of the step buffers, step-major, valid
+        until the next collect()."""
+        with self.stages.timing("act"):
+            self._refresh_policy()
+        rows = self.buffers
+        if self._carry_row is None:
+            self.env.reset_into(rows)
+        else:  # the last chunk's final obs is where this one starts
+            rows.obs[0] = rows.obs[self._carry_row]
+        for t in range(steps):
+            with self.stages.timing("act"):
+                rows.action[t] = self._act(rows.obs[t]).reshape(rows.action[t].shape)
+            self._step(rows, t)
+        self._carry_row = steps
+        # [steps, envs, ...] → [steps * envs, ...] (a view): the labelers and the buffer see flat transitions.
+        return {key: flat(getattr(rows, key)[:steps]) for key in (*CHUNK_FIELDS, *self.needs)}
+
+    def _step(self, rows: StepBuffers, t: int) -> None:
+        """One vector step into row t; its time goes to "render" (the frames) and "step" (the rest)."""
+        started, rendered_before = time.perf_counter(), self.env.render_s
+        returns, lengths = self.env.step_into(rows, t)
+        rendered = self.env.render_s - rendered_before
+        self.stages.add("render", rendered)
+        self.stages.add("step", time.perf_counter() - started - rendered)
+        self.finished_returns.extend(returns)
+        self.finished_lengths.extend(lengths)
+        self.env_steps += self.env.num_envs
 
     def run(self, max_env_steps: int, first_seq: int = 0, incarnation: int = 0, random_steps: int | None = None) -> dict:
         """Act until `max_env_steps` (this runner's share) or stop(); returns this runner's totals.
@@ -144,32 +217,39 @@ class EnvRunner:
             self.random_steps = random_steps
         # A budget lowered by set_budget before this call started (threaded actor: no order) still holds.
         self.max_env_steps = min(max_env_steps, self.max_env_steps)
-        obs = self.env.reset()
-        seq = first_seq
+        try:
+            self._act_until_done(first_seq, incarnation)
+        finally:
+            self.close()  # the env's worker processes give their cores back
+        return self.totals()
+
+    def _act_until_done(self, seq: int, incarnation: int) -> None:
+        num_envs = self.env.num_envs
         while self.env_steps < self.max_env_steps and not self._stop.is_set():
-            waited = time.monotonic()
-            while not self.credits.acquire(timeout=0.1):
-                if self._stop.is_set():
-                    return self.totals()
-            self.credit_wait_s += time.monotonic() - waited
-            self._refresh_policy()
+            with self.stages.timing("credit_wait"):
+                while not self.credits.acquire(timeout=0.1):
+                    if self._stop.is_set():
+                        return
             # The last chunk is cut short so the run stops at its step budget, not a chunk later.
-            steps = min(self.chunk_steps, -(-(self.max_env_steps - self.env_steps) // obs.shape[0]))
+            steps = min(self.chunk_steps, -(-(self.max_env_steps - self.env_steps) // num_envs))
             if steps <= 0:  # the budget was lowered while waiting for a credit
                 self.credits.release()
-                break
-            chunk, obs = self._collect_chunk(obs, steps)
-            meta = {"runner": self.index, "seq": seq, "incarnation": incarnation, "produced_at": time.time(),
-                    "policy_version": self.weights.version, "size": len(chunk["obs"])}
-            ref = ray.put(chunk)
-            labeler = seq % len(self.labelers)
-            with self._lock:
-                self.in_flight[seq] = (meta, ref, labeler)
-            self.labelers[labeler].submit.remote(meta, ref)
-            self.produced += meta["size"]
-            self.chunks += 1
+                return
+            chunk = self.collect(steps)
+            with self.stages.timing("send"):
+                self._send(chunk, seq, incarnation)
             seq += 1
-        return self.totals()
+
+    def _send(self, chunk: dict, seq: int, incarnation: int) -> None:
+        meta = {"runner": self.index, "seq": seq, "incarnation": incarnation, "produced_at": time.time(),
+                "policy_version": self.weights.version, "size": len(chunk["obs"])}
+        ref = ray.put(chunk)  # copies the chunk out of the step buffers: the next collect() may overwrite them
+        labeler = seq % len(self.labelers)
+        with self._lock:
+            self.in_flight[seq] = (meta, ref, labeler)
+        self.labelers[labeler].submit.remote(meta, ref)
+        self.produced += meta["size"]
+        self.chunks += 1
 
     def totals(self) -> dict:
         return {"runner": self.index, "env_steps": self.env_steps, "produced": self.produced, "chunks": self.chunks}
@@ -181,5 +261,14 @@ class EnvRunner:
         while self.finished_lengths:
             lengths.append(self.finished_lengths.popleft())
         return {**self.totals(), "pid": os.getpid(), "episode_returns": returns, "episode_lengths": lengths,
-                "credit_wait_s": self.credit_wait_s, "policy_version": self.weights.version,
+                "stage_s": self.stages.snapshot(), "policy_version": self.weights.version,
                 "in_flight": len(self.in_flight)}
+
+
+# What every chunk carries; a reward model's needs (env_reward, frames) come on top.
+CHUNK_FIELDS = ("obs", "action", "next_obs", "terminated", "truncated")
+
+
+def flat(rows: np.ndarray) -> np.ndarray:
+    """[steps, envs, ...] → [steps * envs, ...] without a copy (the step buffers are contiguous per step)."""
+    return rows.reshape(-1, *rows.shape[2:])

@@ -4,7 +4,14 @@ labeled chunks go straight to the learner. The learner only ever sees rewards pr
 
 Reward-model faults never become silent zeros: a bus whose model call raises or returns NaN/inf is retried
 once; if it fails again, its chunks are labeled one by one and each chunk that still fails is written to
-`<run_dir>/quarantine/` with the error, counted, and reported to the learner (which returns its credit)."""
+`<run_dir>/quarantine/` with the error, counted, and reported to the learner (which returns its credit).
+
+A model call that never returns cannot be cut short from inside (a wedged GPU, a hung remote model): `stats()`
+answers on another thread of the threaded actor and reports how long the current call has run (`in_call_s`), so
+the driver can name the labeler and have Ray restart it. Until WARMUP_CALLS calls have ended the labeler is not
+"warm" (a compiled model compiles in its first call, and once more for dynamic shapes): the driver then allows
+such a call as long as a restart (run.restart_timeout_s). `stage_s` splits the labeler's time into "model" (labeling
+a bus: the model calls, retries, sending) and "idle" (waiting for the bus to fire)."""
 from __future__ import annotations
 
 import json
@@ -19,6 +26,7 @@ from hydra.utils import instantiate
 from rlfarm.roles.bus import Bus
 from rlfarm.roles.common import assigned_device, limit_threads
 
+WARMUP_CALLS = 2  # model calls that may take as long as a model load (compile, then one recompile)
 # What the learner stores of a chunk; everything else (frames, env reward) stays behind.
 LEARNER_FIELDS = ("obs", "action", "next_obs", "terminated")
 
@@ -38,7 +46,10 @@ class Labeler:
         self.quarantine_dir = Path(quarantine_dir) if quarantine_dir else None
         self.labeled = self.batches = self.quarantined = self.retries = 0
         self.last_error: str | None = None
-        self.busy_s = 0.0
+        self.busy_s = 0.0  # the "model" stage
+        self.idle_s = 0.0
+        self._call_started: float | None = None  # monotonic start of the model call in progress
+        self.calls_ended = 0
         self.lag_sum_s = 0.0
         self.lag_count = 0
 
@@ -56,7 +67,9 @@ class Labeler:
 
     def run(self) -> dict:
         while not self._stop.is_set():
+            waiting = time.monotonic()
             items = self.bus.take(wait_s=0.2)
+            self.idle_s += time.monotonic() - waiting
             if items:
                 self._label(items)
         leftover = self.bus.drain()
@@ -67,7 +80,12 @@ class Labeler:
     def _rewards(self, items: list[tuple[dict, dict]]) -> np.ndarray:
         """Run the model once over the items; raise on an exception or on a non-finite reward."""
         batch = {key: np.concatenate([chunk[key] for _, chunk in items]) for key in self.model.needs}
-        rewards = np.asarray(self.model(batch), dtype=np.float32).reshape(-1)
+        self._call_started = time.monotonic()
+        try:
+            rewards = np.asarray(self.model(batch), dtype=np.float32).reshape(-1)
+        finally:
+            self._call_started = None
+            self.calls_ended += 1
         if rewards.shape[0] != sum(meta["size"] for meta, _ in items):
             raise ValueError(f"reward model returned {rewards.shape[0]} rewards for {sum(m['size'] for m, _ in items)} transitions")
         if not np.isfinite(rewards).all():
@@ -133,7 +151,11 @@ class Labeler:
     def stats(self) -> dict:
         lag = self.lag_sum_s / self.lag_count if self.lag_count else 0.0
         self.lag_sum_s, self.lag_count = 0.0, 0
+        call_started = self._call_started  # read once: the run thread may end the call meanwhile
         return {"labeler": self.index, "pid": os.getpid(), "labeled": self.labeled, "batches": self.batches, "busy_s": self.busy_s,
+                "stage_s": {"model": self.busy_s, "idle": self.idle_s},
+                "in_call_s": 0.0 if call_started is None else time.monotonic() - call_started,
+                "warm": self.calls_ended >= WARMUP_CALLS,
                 "labeling_lag_s": lag, "queued": len(self.bus), "device": self.device,
                 "quarantined": self.quarantined, "retries": self.retries, "last_error": self.last_error}
 

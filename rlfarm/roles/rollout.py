@@ -29,7 +29,7 @@ class RolloutRunner:
         seed_everything(seed + 7919 * index)
         self.index, self.rollout_steps = index, int(rollout_steps)
         self.env = VectorEnv(env_cfg["id"], int(env_cfg.get("num_envs", 1)), seed + 1000 * index, None,
-                             dict(env_cfg.get("kwargs") or {}))
+                             dict(env_cfg.get("kwargs") or {}), int(env_cfg.get("workers", 0)))
         self.dims = policy_dims(self.env.single_observation_space, self.env.single_action_space)
         self.policy = instantiate(actor_cfg)(self.dims["obs_dim"], self.dims["act_dim"], self.dims["action_low"],
                                              self.dims["action_high"]).eval()

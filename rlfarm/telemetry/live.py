@@ -1,4 +1,6 @@
-"""What the user watches: a rich live table on a terminal, a periodic log line elsewhere (CI, Slurm logs)."""
+"""What the user watches: a rich live table on a terminal, a periodic log line elsewhere (CI, Slurm logs).
+The off-policy view ends with where the time goes: the busy percent of runners/labelers/learner and the
+bottleneck (rlfarm/telemetry/stages.py)."""
 from __future__ import annotations
 
 import logging
@@ -8,6 +10,8 @@ import time
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+
+from rlfarm.telemetry.stages import busy_split
 
 log = logging.getLogger("rlfarm")
 
@@ -30,6 +34,9 @@ COLUMNS = (  # (row key, title, format)
     ("episode_return_mean", "return (last 10)", "{:.1f}"), ("transitions_quarantined", "quarantined", "{:,.0f}"),
     ("worker_restarts", "restarts", "{:,.0f}"), ("eta_s", "ETA s", "{:,.0f}"),
 )
+# Where the time goes (off-policy): under the table as one line, at the end of the plain log line.
+STAGE_FIELDS = (("busy", "busy % run/lab/learn", "{}"), ("bottleneck", "bottleneck", "{}"))
+DERIVED = {"busy": busy_split}  # fields computed from the row, not logged in it
 
 
 def _fmt(fmt: str, value) -> str:
@@ -39,6 +46,7 @@ def _fmt(fmt: str, value) -> str:
 class LiveView:
     def __init__(self, title: str, mode: str | bool = "auto", log_every_s: float = 10.0, columns: str = "offpolicy"):
         self.columns = {"onpolicy": ONPOLICY_COLUMNS, "ppo": PPO_COLUMNS}.get(columns, COLUMNS)
+        self.footer = STAGE_FIELDS if self.columns is COLUMNS else ()
         console = Console(file=sys.stdout)
         self.enabled = console.is_terminal if mode == "auto" else bool(mode)
         self.title, self.log_every_s, self._last_log = title, log_every_s, 0.0
@@ -54,8 +62,10 @@ class LiveView:
             self.live.__exit__(*exc)
 
     def update(self, row: dict) -> None:
+        row = {**row, **{key: derive(row) for key, derive in DERIVED.items()}}
         if self.live:
-            table = Table(title=self.title, title_justify="left")
+            footer = " · ".join(f"{title}: {_fmt(fmt, row.get(key))}" for key, title, fmt in self.footer)
+            table = Table(title=self.title, title_justify="left", caption=footer or None, caption_justify="left")
             for _, title, _ in self.columns:
                 table.add_column(title, justify="right")
             table.add_row(*(_fmt(fmt, row.get(key)) for key, _, fmt in self.columns))
@@ -63,4 +73,4 @@ class LiveView:
         now = time.monotonic()
         if now - self._last_log >= self.log_every_s:  # also into train.log, on a terminal or not
             self._last_log = now
-            log.info("  ".join(f"{title}={_fmt(fmt, row.get(key))}" for key, title, fmt in self.columns))
+            log.info("  ".join(f"{title}={_fmt(fmt, row.get(key))}" for key, title, fmt in self.columns + self.footer))

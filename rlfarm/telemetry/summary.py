@@ -9,8 +9,12 @@ def summary_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
     ret_text = f"{ret:.1f}" if ret is not None else "n/a"
     rate = s["env_steps"] / max(s["wall_s"], 1e-9)
     quarantined = s.get("transitions_quarantined", 0)
-    exact = ("exactly once" if s["transitions_produced"] == s["transitions_labeled"] + quarantined
+    unlabeled = s.get("transitions_unlabeled", 0)  # still in the farm when the end-of-run flush ran out of time
+    exact = ("exactly once" if s["transitions_produced"] == s["transitions_labeled"] + quarantined + unlabeled
              and s["transitions_labeled"] == s["transitions_stored"] else "MISMATCH")
+    if unlabeled:
+        exact += f"; {unlabeled:,} left unlabeled when the run's time ran out"
+
     faults = (f" Reward-model faults: {quarantined:,} transitions quarantined in {run_dir}/quarantine/, "
               f"{s.get('reward_retries', 0)} retried batches; last error: {s.get('reward_last_error')}."
               if quarantined or s.get("reward_retries") else "")

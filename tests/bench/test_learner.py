@@ -127,7 +127,9 @@ def test_replay_draw_samples_only_filled_rows():
 
 
 def test_bench_learner_on_cpu_writes_rows_with_ratios(tmp_path):
-    out = rlfarm("bench", "learner", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
+    # Sizes from overrides, as the lead compares the bench with a run at the run's batch and hidden sizes.
+    out = rlfarm("bench", "learner", "device=cpu", "bench.sizes_cpu.batch_size=48", "bench.sizes_cpu.hidden=[24,24]",
+                 f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "bench.json").read_text())
     assert result["bench"] == "learner" and result["device_name"].startswith("cpu")
@@ -140,15 +142,19 @@ def test_bench_learner_on_cpu_writes_rows_with_ratios(tmp_path):
         assert eager["value"] > 0 and fast and all("error" not in row for row in fast)
         for row in fast:
             assert row["ratio"] == pytest.approx(row["value"] / eager["value"])
+        # the learner role's own bursts at the same sizes (on CPU: eager, bursts of 8, no graph)
+        role = rows[f"{case}/role"]
+        assert role["value"] > 0 and role["graph"] is False and role["updates_per_call"] == 8
+    assert {(row["batch"], row["hidden"]) for row in result["rows"]} == {(48, "24×24")}
     assert "ratio" in out.stdout  # the table
 
 
-def random_buffer(rows, device):
+def random_buffer(rows, device, batch=BATCH):
     from rlfarm.buffers.replay import ReplayBuffer
     from rlfarm.buffers.sampler import UniformSampler
     from rlfarm.buffers.storage import TensorStorage
 
-    buffer = ReplayBuffer(TensorStorage(rows, device), UniformSampler(BATCH, generator_seed=0))
+    buffer = ReplayBuffer(TensorStorage(rows, device), UniformSampler(batch, generator_seed=0))
     g = torch.Generator().manual_seed(1)
     buffer.extend({"obs": torch.randn(rows, OBS, generator=g), "action": torch.rand(rows, ACT, generator=g) * 3 - 1,
                     "reward": torch.randn(rows, generator=g), "next_obs": torch.randn(rows, OBS, generator=g),
@@ -156,9 +162,9 @@ def random_buffer(rows, device):
     return buffer
 
 
-def check_replay_updates(device):
+def check_replay_updates(device, batch=BATCH):
     agent = make_agent(device)
-    updates = ReplayUpdates(agent, random_buffer(300, device), graph_updates=4)
+    updates = ReplayUpdates(agent, random_buffer(300, device, batch), graph_updates=4)
     # detach(): a clone that records autograd history would keep the parameters' gradient accumulators
     # (made on the default stream) alive, and backward inside a later capture would wait on that stream.
     before = [p.detach().clone() for p in state(agent)]
@@ -215,3 +221,10 @@ def test_graph_equals_eager_updates_on_cuda(compile, compile_optimizers):
 @pytest.mark.gpu
 def test_replay_updates_with_graphs_on_cuda():
     check_replay_updates("cuda")
+
+
+@pytest.mark.gpu
+def test_replay_updates_with_graphs_at_a_large_batch_on_cuda():
+    """Many-env settings draw batches of thousands (from a buffer smaller than one batch, here): the graphs
+    capture and replay at that size too."""
+    check_replay_updates("cuda", batch=4096)

@@ -57,3 +57,37 @@ def test_sample_into_fills_the_index_from_the_filled_rows_only():
     assert index.min() >= 0 and index.max() < 10 and len(index.unique()) == 10
     size.fill_(3.0)
     assert UniformSampler(256).sample_into(index, size).max() < 3
+
+
+def env_rows(start, n):
+    """Fields as envs and the object store hand them over: float64 observations, bool flags, read-only."""
+    fields = {"obs": np.arange(start, start + n, dtype=np.float64)[:, None] * [1.0, -1.0],
+              "terminated": np.arange(start, start + n) % 3 == 0}
+    for value in fields.values():
+        value.flags.writeable = False
+    return fields
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_storage_converts_to_its_dtype_as_it_writes_across_the_ring_end(device, recwarn):
+    s = TensorStorage(5, device, dtype=torch.float32)
+    s.extend(env_rows(0, 3))
+    s.extend(env_rows(3, 4))  # 3, 4 at the end of the ring; 5, 6 over 0, 1 at its start
+    assert all(field.dtype == torch.float32 for field in s.fields.values())
+    assert s.fields["obs"][:, 0].tolist() == [5, 6, 2, 3, 4] and s.fields["obs"][:, 1].tolist() == [-5, -6, -2, -3, -4]
+    assert s.fields["terminated"].tolist() == [0, 1, 0, 1, 0]
+    assert not [w for w in recwarn if "writable" in str(w.message)]  # read-only input is only read
+
+
+def test_storage_state_dict_is_a_copy_that_later_writes_leave_alone():
+    s = TensorStorage(4, dtype=torch.float32)
+    s.extend(env_rows(0, 2))
+    state = s.state_dict()
+    s.extend(env_rows(10, 4))
+    assert state["fields"]["obs"][:, 0].tolist() == [0, 1] and state["size"] == 2
+
+
+def test_storage_without_dtype_keeps_the_batch_dtypes():
+    s = TensorStorage(4)
+    s.extend({"x": np.zeros((2, 3), np.float64), "i": np.ones(2, np.int64)})
+    assert s.fields["x"].dtype == torch.float64 and s.fields["i"].dtype == torch.int64

@@ -1,8 +1,12 @@
+import glob
+
 import gymnasium as gym
 import numpy as np
+import psutil
 import pytest
 
 from rlfarm.envs import UnknownEnvError, VectorEnv
+from rlfarm.envs.vector import EnvWorkerError
 
 
 def pendulum_actions(steps: int, num_envs: int) -> list[np.ndarray]:
@@ -10,11 +14,13 @@ def pendulum_actions(steps: int, num_envs: int) -> list[np.ndarray]:
     return [rng.uniform(-2, 2, size=(num_envs, 1)).astype(np.float32) for _ in range(steps)]
 
 
-def test_truncation_yields_true_final_obs_then_reset_obs():
+@pytest.mark.parametrize("workers", [0, 2])
+def test_truncation_yields_true_final_obs_then_reset_obs(workers):
     """The autoreset trap: at the done step next_obs must be the final state, obs the next episode's start."""
     num_envs, horizon, seed = 2, 5, 3
     actions = pendulum_actions(2 * horizon + 2, num_envs)
-    env = VectorEnv("Pendulum-v1", num_envs=num_envs, seed=seed, kwargs={"max_episode_steps": horizon})
+    env = VectorEnv("Pendulum-v1", num_envs=num_envs, seed=seed, kwargs={"max_episode_steps": horizon},
+                    workers=workers)
     env.reset()
     results = [env.step(a) for a in actions]
     env.close()
@@ -61,12 +67,13 @@ def test_pendulum_frames_shape_dtype_and_change():
     assert not np.array_equal(first, second)
 
 
-def test_halfcheetah_done_step_frame_shows_final_state_headless():
+@pytest.mark.parametrize("workers", [0, 1])
+def test_halfcheetah_done_step_frame_shows_final_state_headless(workers):
     """The frame at a truncation is the final state's: equal to the frame of an env that did not reset."""
     actions = [np.random.default_rng(t).uniform(-1, 1, (1, 6)).astype(np.float32) for t in range(3)]
     frames = {}
     for horizon in (3, 100):
-        env = VectorEnv("HalfCheetah-v5", frame_size=32, kwargs={"max_episode_steps": horizon})
+        env = VectorEnv("HalfCheetah-v5", frame_size=32, kwargs={"max_episode_steps": horizon}, workers=workers)
         env.reset()
         result = [env.step(a) for a in actions][-1]
         env.close()
@@ -105,3 +112,61 @@ def test_mujoco_warnings_go_to_logging_not_a_log_file_in_cwd(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     VectorEnv("HalfCheetah-v5").close()  # its model warns on load under MuJoCo 4
     assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+
+
+def fill_rows(workers: int, steps: int = 6) -> tuple[dict, list]:
+    """`steps` vector steps of 3 HalfCheetahs (episodes of 4 steps, so one ends inside) written in place."""
+    env = VectorEnv("HalfCheetah-v5", num_envs=3, seed=7, frame_size=16, kwargs={"max_episode_steps": 4},
+                    workers=workers)
+    rows = env.step_buffers(steps)
+    env.reset_into(rows)
+    episodes = []
+    for t in range(steps):
+        rows.action[t] = np.random.default_rng(t).uniform(-1, 1, (3, 6))
+        episodes.append(env.step_into(rows, t))
+    arrays = {name: getattr(rows, name).copy()
+              for name in ("obs", "action", "next_obs", "env_reward", "terminated", "truncated", "frames")}
+    env.close()
+    return arrays, episodes
+
+
+def test_worker_processes_write_the_same_rows_as_one_process():
+    """Sub-envs split over 2 worker processes (groups of 2 and 1) give the transitions, frames and episode ends
+    of the same sub-envs stepped in this process, through the shared step buffers."""
+    alone, alone_episodes = fill_rows(workers=0)
+    split, split_episodes = fill_rows(workers=2)
+    assert alone["truncated"][3].all() and not alone["truncated"][[0, 1, 2, 4, 5]].any()
+    assert alone_episodes[3][1] == [4, 4, 4]
+    for name, array in alone.items():
+        np.testing.assert_array_equal(split[name], array, err_msg=name)
+    assert split_episodes == alone_episodes
+    # At the done step: next_obs is the final state, obs[t + 1] the reset state; elsewhere they agree.
+    assert not np.allclose(alone["next_obs"][3], alone["obs"][4])
+    np.testing.assert_array_equal(alone["next_obs"][2], alone["obs"][3])
+
+
+def test_step_buffers_leave_no_shared_file_behind():
+    before = set(glob.glob("/dev/shm/rlfarm-steps-*"))
+    env = VectorEnv("Pendulum-v1", num_envs=2, workers=1)
+    rows = env.step_buffers(4)
+    assert set(glob.glob("/dev/shm/rlfarm-steps-*")) == before  # mapped by both sides, its name already gone
+    env.reset_into(rows)
+    assert np.abs(rows.obs[0]).sum() > 0
+    env.close()
+
+
+def test_a_dead_worker_is_an_error_naming_its_sub_envs_not_a_hang():
+    env = VectorEnv("Pendulum-v1", num_envs=3, workers=2)
+    env.reset()
+    (first, second) = psutil.Process().children()[-2:]
+    second.kill()
+    second.wait(10)
+    with pytest.raises(EnvWorkerError, match=r"sub-envs 2\.\.2 exited"):
+        env.step(np.zeros((3, 1), np.float32))
+    env.close()
+    assert not first.is_running() or first.status() == psutil.STATUS_ZOMBIE
+
+
+def test_more_workers_than_sub_envs_is_refused():
+    with pytest.raises(ValueError, match=r"workers must be in \[0, num_envs=2\]"):
+        VectorEnv("Pendulum-v1", num_envs=2, workers=3)

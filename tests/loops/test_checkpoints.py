@@ -1,12 +1,16 @@
-"""The checkpoint side every resumable loop shares (rlfarm/loops/checkpoints.py): periodic checkpoints, and
-SIGTERM → preemption even when a role died of the same signal (Slurm signals every process of the job)."""
+"""The checkpoint side every resumable loop shares (rlfarm/loops/checkpoints.py): periodic checkpoints (written at
+once, or requested and landed later while the loop goes on), and SIGTERM → preemption even when a role died of the
+same signal (Slurm signals every process of the job)."""
+import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
 from omegaconf import OmegaConf
 
+from helpers import wait_for
 from rlfarm.errors import Preempted
 from rlfarm.loops.checkpoints import PeriodicCheckpoints
 
@@ -27,6 +31,21 @@ class Loop(PeriodicCheckpoints):
         return str(path)
 
 
+class WritingElsewhere(Loop):
+    """The off-policy loop's way: `start_checkpoint` asks for the save, which is written on another thread (the
+    learner's) once `may_write` is set, while the loop goes on."""
+
+    def __init__(self, tmp_path):
+        super().__init__(tmp_path)
+        self.writer = ThreadPoolExecutor(1)
+        self.may_write = threading.Event()
+        self.requested: list[str] = []
+
+    def start_checkpoint(self, name):
+        self.requested.append(name)
+        return self.writer.submit(lambda: self.may_write.wait(30) and self.checkpoint(name))
+
+
 def test_periodic_checkpoints_keep_the_newest_two(tmp_path):
     loop = Loop(tmp_path)
     for updates in range(1, 9):
@@ -41,6 +60,29 @@ def test_a_resumed_loop_counts_the_next_checkpoint_from_the_checkpoint_it_resume
     for updates in range(9, 13):
         loop._maybe_checkpoint(updates)
     assert sorted(p.name for p in loop.run.checkpoint_dir.iterdir()) == ["step_000000012.pt"]
+
+
+def test_a_checkpoint_in_flight_does_not_hold_the_loop_and_lands_later(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="rlfarm")
+    loop = WritingElsewhere(tmp_path)
+    loop.checkpoint_late_s = 0.0  # warn about it at once
+    began = time.monotonic()
+    for updates in range(1, 9):
+        loop._maybe_checkpoint(updates)
+    assert time.monotonic() - began < 5  # the loop never waited for the write (it is held back)
+    assert loop.requested == ["step_000000002.pt"]  # one in flight at most
+    assert caplog.text.count("the learner has not written it after") == 1
+    assert not any(loop.run.checkpoint_dir.iterdir())
+
+    loop.may_write.set()
+    assert wait_for(lambda: loop._in_flight[1].done(), 10)
+    loop._maybe_checkpoint(9)  # lands step 2, then asks for step 9 (due: 2 updates since step 2)
+    assert "checkpoint " + str(loop.run.checkpoint_dir / "step_000000002.pt") in caplog.text
+    assert wait_for(lambda: loop._in_flight[1].done(), 10)
+    loop._maybe_checkpoint(10)
+    assert loop.requested == ["step_000000002.pt", "step_000000009.pt"] and loop._in_flight is None
+    assert sorted(p.name for p in loop.run.checkpoint_dir.iterdir()) == ["step_000000002.pt", "step_000000009.pt"]
+    loop.writer.shutdown()
 
 
 def test_a_failure_after_sigterm_is_a_preemption_with_preempted_pt(tmp_path):

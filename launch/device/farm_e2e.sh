@@ -1,0 +1,44 @@
+#!/bin/bash
+# Issue 15: the labeling farm end to end on a 2- or 4-GPU machine (HalfCheetah, frames rendered by the runners).
+#   farm_e2e.sh learner   the learner alone (`rlfarm bench learner`, batch 256 and $BATCH), then the same learner
+#                         inside the pipeline with the env reward (learner-limited: UTD 1, batch 256, many runners)
+#   farm_e2e.sh farm      reward=env with frames rendered but unused, then reward=clip (ViT-L/14 shape, 224 px),
+#                         same runners/batch/UTD, $WALL s each
+# Env: TOPO (split_1_1 on 2 GPUs, split_1_3 on 4), RUNNERS, NUM_ENVS, WORKERS, UTD, BATCH, WALL, LABELERS.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+PHASE=${1:-farm}
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+source .devpkgs/setup.sh
+export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
+[ -f /usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json ] && \
+  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+NGPU=$(nvidia-smi -L | wc -l)
+TOPO=${TOPO:-$([ "$NGPU" -ge 4 ] && echo split_1_3 || echo split_1_1)}
+LABELERS=${LABELERS:-$(( (NGPU - 1) * 2 ))}
+RUNNERS=${RUNNERS:-16}; NUM_ENVS=${NUM_ENVS:-8}; WORKERS=${WORKERS:-0}; UTD=${UTD:-0.25}; BATCH=${BATCH:-1024}
+WALL=${WALL:-150}
+nvidia-smi -L > "$OUT/gpus.txt"; nproc >> "$OUT/gpus.txt"
+sample_gpus() { nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > "$1" & echo $!; }
+train() {  # name, overrides...
+  local name=$1; shift
+  local pid; pid=$(sample_gpus /tmp/gpu_$name.csv)
+  timeout $((WALL + 150)) rlfarm train topology=$TOPO env=halfcheetah run.live=false total_env_steps=100000000 \
+    topology.roles.labeler.count=$LABELERS topology.roles.labeler.gpus=0.5 \
+    run.max_wall_s=$WALL hydra.run.dir=/tmp/$name "$@" > /tmp/$name.log 2>&1
+  echo "$name rc=$?"; kill "$pid"; tail -3 /tmp/$name.log | cut -c1-400
+  python3 launch/device/collect.py main /tmp/$name /tmp/gpu_$name.csv > "$OUT/$name.json"
+}
+FARM=(topology.roles.env_runner.count=$RUNNERS env.num_envs=$NUM_ENVS env.workers=$WORKERS
+      algo.utd_ratio=$UTD algo.batch_size=$BATCH labeler.bus_items=1024 labeler.bus_timeout_s=0.2)
+if [ "$PHASE" = learner ]; then
+  rlfarm bench learner device=cuda bench.sizes.profile=false hydra.run.dir=/tmp/bench_learner > /tmp/bench.log 2>&1
+  echo "bench rc=$?"; tail -12 /tmp/bench.log; cp /tmp/bench_learner/bench.json "$OUT/bench_learner.json"
+  train learner_in_pipeline reward=env topology.roles.env_runner.count=$RUNNERS env.num_envs=$NUM_ENVS
+else
+  CLIP=/tmp/clip-l14
+  [ -d $CLIP ] || python3 -m rlfarm.rewards.clip_factory --shape vit-l-14 --out $CLIP > /dev/null 2>&1
+  train env_frames reward=env reward.frame_size=224 "${FARM[@]}"
+  train clip reward=clip reward.model=$CLIP reward.compile=true reward.frame_size=224 "${FARM[@]}"
+fi
+cp /tmp/*.log "$OUT/" 2>/dev/null
