@@ -140,6 +140,7 @@ class GymEnvSchema(Ranged):
     id: str
     num_envs: int
     workers: int  # processes stepping the num_envs sub-envs; 0: the runner's own (rlfarm/envs/vector.py)
+    batch_render: bool  # MuJoCo sub-envs of a process rendered as tiles in one GL context (envs/vector.py)
     kwargs: Any  # gymnasium.make's keyword arguments
 
     def __post_init__(self) -> None:

@@ -26,8 +26,9 @@ def summarize(run_dir, gpu_csv):
     keys = ["env_steps_per_s", "labeled_per_s", "updates_per_s", "labeling_lag_s", "policy_staleness"]
     keys += sorted({k for r in rows for k in r if k.endswith("_fraction")})  # where each role's time went
     out = {k: steady(rows, k) for k in keys}
-    named = [r["bottleneck"] for r in rows if r.get("bottleneck") and r.get("wall_s", 0) >= 30]
-    out["bottleneck_most_often"] = statistics.mode(named) if named else None
+    # Which kind of role the rows name as the bottleneck, and how often (the text's numbers vary row to row).
+    named = [r["bottleneck"].split()[0].rstrip(":") for r in rows if r.get("bottleneck") and r.get("wall_s", 0) >= 30]
+    out["bottleneck_counts"] = {kind: named.count(kind) for kind in sorted(set(named))}
     summary_path = Path(run_dir) / "summary.json"
     out["summary"] = json.loads(summary_path.read_text()) if summary_path.exists() else None
     out["gpu_util_percent"] = gpu_busy(gpu_csv) if Path(gpu_csv).exists() else None

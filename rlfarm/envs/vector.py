@@ -8,9 +8,13 @@ observation. The sub-envs are stepped by `_SubEnvs` below, a loop over plain gym
 gymnasium's SyncVectorEnv: that loop can write each result straight into its row of the caller's arrays,
 where SyncVectorEnv merges infos into new arrays every step (the frames among them).
 
-Frames (for pixel reward models) are rendered right after each sub-env step, before a reset, so the frame of
-a done step shows the final state. MuJoCo renders at `frame_size` directly; classic-control envs render with
-pygame and are resized. Each frame is copied once, from the renderer into the caller's chunk array.
+Frames (for pixel reward models) are rendered after every sub-env stepped and before the done ones reset, so
+the frame of a done step shows the final state. MuJoCo renders at `frame_size` directly; classic-control envs
+render with pygame and are resized. Each frame is copied once, from the renderer into the caller's chunk array.
+Batched rendering (`batch_render`, MuJoCo only): gymnasium gives each sub-env its own GL context and reads its
+RGB and depth back after every frame, so a GPU switches between a dozen contexts per frame. `_TiledRenderer`
+instead draws all of a process's sub-envs as tiles of one offscreen buffer in one GL context, with gymnasium's
+cameras, and reads the RGB back once per vector step.
 
 Worker processes (`workers` > 0): the sub-envs are split into `workers` contiguous groups, each stepped by a
 `_SubEnvs` in its own process, writing into the same arrays through a shared memory mapping; only a short
@@ -134,7 +138,7 @@ def make_env(env_id: str, frame_size: int | None = None, kwargs: dict | None = N
 
 def render_frame(env: gym.Env, size: int) -> np.ndarray:
     """[size, size, 3] uint8 frame of the env's current state (a view of the renderer's array or a resized copy)."""
-    renderer = getattr(env.unwrapped, "mujoco_renderer", None)
+    renderer = _mujoco_renderer(env)
     if renderer is not None and renderer.viewer is not None:
         # Each sub-env owns a GL context and gymnasium leaves the last-created one current.
         renderer.viewer.make_context_current()
@@ -153,13 +157,15 @@ class VectorEnv:
     frame_size: render a frame_size × frame_size RGB frame of every next state (None: no rendering).
     kwargs: passed to gymnasium.make (e.g. max_episode_steps).
     workers: processes stepping the sub-envs, 0 ≤ workers ≤ num_envs (0: this process).
+    batch_render: MuJoCo sub-envs of a process render as tiles in one GL context, read back once per step (the
+        same frames); other envs render one by one whatever it says.
 
     Two ways to step: `step(actions) -> StepResult` (fresh arrays each step), or `step_buffers(steps)` once and
     then `reset_into` / `step_into(buffers, t)`, which write row t of those arrays in place (the chunk path).
     """
 
     def __init__(self, env_id: str, num_envs: int = 1, seed: int = 0, frame_size: int | None = None,
-                 kwargs: dict | None = None, workers: int = 0):
+                 kwargs: dict | None = None, workers: int = 0, batch_render: bool = False):
         _registered_spec(env_id)  # an unknown id fails here, in one line, before any worker starts
         if not 0 <= workers <= num_envs:
             raise ValueError(f"workers must be in [0, num_envs={num_envs}], got {workers}")
@@ -170,11 +176,12 @@ class VectorEnv:
         self._local: _SubEnvs | None = None
         self._workers: list[_Worker] = []
         if workers == 0:
-            self._local = _SubEnvs(env_id, 0, num_envs, seed, frame_size, kwargs)
+            self._local = _SubEnvs(env_id, 0, num_envs, seed, frame_size, kwargs, batch_render)
             spaces = self._local.spaces()
         else:
             groups = np.array_split(np.arange(num_envs), workers)
-            self._workers = [_Worker(env_id, int(g[0]), len(g), seed, frame_size, kwargs) for g in groups]
+            self._workers = [_Worker(env_id, int(g[0]), len(g), seed, frame_size, kwargs, batch_render)
+                             for g in groups]
             try:  # all start at once; then wait for each
                 spaces = [worker.wait_ready() for worker in self._workers][0]
             except EnvWorkerError:
@@ -257,11 +264,14 @@ class VectorEnv:
 
 class _SubEnvs:
     """Sub-envs first … first + count - 1 of a vector env, stepped one after another in this process. Each writes
-    its own column of the StepBuffers: SAME_STEP autoreset, the frame rendered before the reset."""
+    its own column of the StepBuffers: SAME_STEP autoreset, the frames rendered before the resets."""
 
-    def __init__(self, env_id: str, first: int, count: int, seed: int, frame_size: int | None, kwargs: dict | None):
+    def __init__(self, env_id: str, first: int, count: int, seed: int, frame_size: int | None, kwargs: dict | None,
+                 batch_render: bool = False):
         self.envs = [make_env(env_id, frame_size, kwargs) for _ in range(count)]
         self.first, self.seed, self.frame_size = first, seed, frame_size
+        tiled = batch_render and frame_size is not None and _mujoco_renderer(self.envs[0]) is not None
+        self.tiles = _TiledRenderer(self.envs, frame_size) if tiled else None
         self.episode_return = np.zeros(count, dtype=np.float64)
         self.episode_length = np.zeros(count, dtype=np.int64)
         self.render_s = 0.0
@@ -277,27 +287,38 @@ class _SubEnvs:
         self.episode_length[:] = 0
 
     def step(self, rows: StepBuffers, t: int) -> tuple[list[float], list[int]]:
-        returns, lengths = [], []
+        """Step all, render all (final states), then reset the done ones."""
+        columns = slice(self.first, self.first + len(self.envs))
         for j, env in enumerate(self.envs):
             i = self.first + j
             obs, reward, terminated, truncated, _ = env.step(rows.action[t, i])
-            rows.next_obs[t, i] = obs
+            rows.next_obs[t, i] = rows.obs[t + 1, i] = obs
             rows.env_reward[t, i], rows.terminated[t, i], rows.truncated[t, i] = reward, terminated, truncated
-            if rows.frames is not None:
-                started = time.perf_counter()
-                rows.frames[t, i] = render_frame(env, self.frame_size)
-                self.render_s += time.perf_counter() - started
-            self.episode_return[j] += reward
-            self.episode_length[j] += 1
-            if terminated or truncated:
-                returns.append(float(self.episode_return[j]))
-                lengths.append(int(self.episode_length[j]))
-                self.episode_return[j], self.episode_length[j] = 0, 0
-                obs, _ = env.reset()  # unseeded: the sub-env's own generator goes on
-            rows.obs[t + 1, i] = obs
+            self.episode_return[j] += reward  # the env's float reward, not its float32 copy
+        if rows.frames is not None:
+            started = time.perf_counter()
+            self._render(rows.frames[t, columns])
+            self.render_s += time.perf_counter() - started
+        self.episode_length += 1
+        done = np.flatnonzero(rows.terminated[t, columns] | rows.truncated[t, columns])
+        returns, lengths = [float(r) for r in self.episode_return[done]], [int(n) for n in self.episode_length[done]]
+        self.episode_return[done], self.episode_length[done] = 0, 0
+        for j in done:
+            rows.obs[t + 1, self.first + j], _ = self.envs[j].reset()  # unseeded: the sub-env's own generator goes on
         return returns, lengths
 
+    def _render(self, frames: np.ndarray) -> None:
+        """frames [count, H, W, 3]: each sub-env's current state."""
+        if self.tiles is not None:
+            self.tiles.render(frames)
+            return
+        for j, env in enumerate(self.envs):
+            frames[j] = render_frame(env, self.frame_size)
+
     def close(self) -> None:
+        if self.tiles is not None:
+            self.tiles.close()
+            self.tiles = None
         for env in self.envs:
             env.close()
         self.envs = []  # a second close() has nothing left to close
@@ -309,7 +330,8 @@ class _Worker:
 
     Started with `python -c` over a socket pair; when the parent dies, the socket closes and the worker exits."""
 
-    def __init__(self, env_id: str, first: int, count: int, seed: int, frame_size: int | None, kwargs: dict | None):
+    def __init__(self, env_id: str, first: int, count: int, seed: int, frame_size: int | None, kwargs: dict | None,
+                 batch_render: bool):
         self.first, self.count = first, count
         ours, theirs = socket.socketpair()
         # The parent's import path travels along, so "module:Id" env ids resolve in the worker as they do here.
@@ -319,7 +341,7 @@ class _Worker:
              str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
         theirs.close()
         self.conn = Connection(ours.detach())
-        self.conn.send(("init", env_id, first, count, seed, frame_size, dict(kwargs or {})))
+        self.conn.send(("init", env_id, first, count, seed, frame_size, dict(kwargs or {}), batch_render))
 
     def wait_ready(self) -> tuple[gym.Space, gym.Space]:
         if not self.conn.poll(WORKER_START_TIMEOUT_S):
@@ -455,6 +477,104 @@ def _map_arrays(path: str, layout: list) -> dict[str, np.ndarray]:
     with open(path, "r+b") as file:
         mapping = mmap.mmap(file.fileno(), 0)  # the arrays below keep it alive
     return {name: np.ndarray(shape, dtype, buffer=mapping, offset=offset) for name, shape, dtype, offset in layout}
+
+
+# -- batched MuJoCo rendering ----------------------------------------------------------------------------------
+class _TiledRenderer:
+    """MuJoCo sub-envs (one env id) drawn as tiles of one offscreen buffer in one GL context: per vector step one
+    scene update and draw per sub-env, then one read of the RGB pixels (no depth) for all of them.
+
+    The cameras are those gymnasium's OffScreenViewer sets up (`_gymnasium_camera`), created at the first render
+    as gymnasium creates its viewer, so the frames are the per-env path's. One MjrContext (textures, meshes)
+    serves every sub-env: their models are separate objects of equal content, built from the same env id."""
+
+    def __init__(self, envs: list[gym.Env], size: int):
+        import mujoco
+
+        self.mujoco, self.size = mujoco, size
+        self.models = [env.unwrapped.model for env in envs]
+        self.datas = [env.unwrapped.data for env in envs]
+        self.renderers = [_mujoco_renderer(env) for env in envs]
+        _check_same_layout(self.models)
+        self.columns = int(np.ceil(np.sqrt(len(envs))))
+        tile_rows = -(-len(envs) // self.columns)
+        width, height = self.columns * size, tile_rows * size
+        model = self.models[0]
+        # The offscreen buffer is sized from the model when the MjrContext is made.
+        model.vis.global_.offwidth = max(model.vis.global_.offwidth, width)
+        model.vis.global_.offheight = max(model.vis.global_.offheight, height)
+        self.gl = mujoco.GLContext(width, height)
+        self.gl.make_current()
+        self.context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.context)
+        first = self.renderers[0]
+        self.scene = mujoco.MjvScene(model, first.max_geom)  # filled and drawn per sub-env in turn
+        self.option, self.perturb = mujoco.MjvOption(), mujoco.MjvPerturb()
+        for flag, value in first._vopt.items():
+            self.option.flags[flag] = value
+        self.cameras: list | None = None
+        self.viewport = mujoco.MjrRect(0, 0, width, height)
+        self.pixels = np.empty((height, width, 3), np.uint8)
+
+    def render(self, frames: np.ndarray) -> None:
+        """Write frames [count, size, size, 3] of the sub-envs' current states."""
+        mujoco, size = self.mujoco, self.size
+        self.gl.make_current()  # another context (an env rendered on its own) may have become current
+        if self.cameras is None:
+            self.cameras = [_gymnasium_camera(r, m, d) for r, m, d in zip(self.renderers, self.models, self.datas)]
+        for j, (model, data, camera) in enumerate(zip(self.models, self.datas, self.cameras)):
+            mujoco.mjv_updateScene(model, data, self.option, self.perturb, camera, mujoco.mjtCatBit.mjCAT_ALL,
+                                   self.scene)
+            mujoco.mjr_render(mujoco.MjrRect(*self._origin(j), size, size), self.scene, self.context)
+        mujoco.mjr_readPixels(self.pixels, None, self.viewport, self.context)
+        for j in range(len(frames)):
+            x, y = self._origin(j)
+            frames[j] = self.pixels[y : y + size, x : x + size][::-1]  # OpenGL's rows go bottom-up
+
+    def _origin(self, j: int) -> tuple[int, int]:
+        """Bottom-left pixel of tile j."""
+        return (j % self.columns) * self.size, (j // self.columns) * self.size
+
+    def close(self) -> None:
+        self.gl.make_current()
+        self.context.free()
+        self.gl.free()
+
+
+def _gymnasium_camera(renderer, model, data):
+    """The MjvCamera gymnasium's MujocoRenderer renders an env's rgb_array frames with: OffScreenViewer's free
+    camera looking at the median geom position, then the env's default_camera_config, then its camera id."""
+    import mujoco
+
+    camera = mujoco.MjvCamera()
+    camera.type, camera.fixedcamid = mujoco.mjtCamera.mjCAMERA_FREE, -1
+    camera.lookat[:] = np.median(data.geom_xpos, axis=0)
+    camera.distance = model.stat.extent
+    for key, value in (renderer.default_cam_config or {}).items():
+        if isinstance(value, np.ndarray):
+            getattr(camera, key)[:] = value
+        else:
+            setattr(camera, key, value)
+    if renderer.camera_id is not None:
+        fixed = renderer.camera_id != -1
+        camera.type = mujoco.mjtCamera.mjCAMERA_FIXED if fixed else mujoco.mjtCamera.mjCAMERA_FREE
+        camera.fixedcamid = renderer.camera_id
+    return camera
+
+
+def _check_same_layout(models: list) -> None:
+    """One MjrContext draws every model: they must be the same model (one env id and kwargs)."""
+    fields = ("nbody", "ngeom", "nmesh", "nmat", "ntex", "nskin", "nflex", "ncam", "nlight", "nhfield")
+    first = {field: getattr(models[0], field) for field in fields}
+    for model in models[1:]:
+        other = {field: getattr(model, field) for field in fields}
+        if other != first:
+            raise ValueError(f"batch_render needs sub-envs of one model layout: {first} vs {other}")
+
+
+def _mujoco_renderer(env: gym.Env):
+    """gymnasium's MujocoRenderer of a MuJoCo env, or None for other envs."""
+    return getattr(env.unwrapped, "mujoco_renderer", None)
 
 
 # -- rendering and registry helpers -------------------------------------------------------------------------

@@ -428,8 +428,15 @@ class OffPolicyLoop(PeriodicCheckpoints):
             "episode_return_mean": self.progress.window_mean(),
             "eta_s": (total - counters["env_steps"]) / max(counters["env_steps"] - off["env_steps"], 1) * session_s,
             **losses,
-            **self.stages.row({kind: [w.stats for w in fresh if w.kind == kind] for kind in KINDS}),
+            **self.stages.row({kind: [w.stats for w in fresh if w.kind == kind] for kind in KINDS},
+                              late=self._late_kinds(fresh)),
         }
+
+    def _late_kinds(self, fresh: list[Worker]) -> tuple[str, ...]:
+        """Kinds of role at work none of which answered this tick's stats request in time."""
+        at_work = self.supervisor.running([self.supervisor.learner, *self.supervisor.workers])
+        answered = {w.kind for w in fresh}
+        return tuple(kind for kind in KINDS if kind not in answered and any(w.kind == kind for w in at_work))
 
     def _summary(self, row: dict) -> dict:
         keys = ("env_steps", "transitions_produced", "transitions_labeled", "transitions_stored",

@@ -93,7 +93,8 @@ class EnvRunner:
         limit_software_rendering(threads // max(1, workers))
         self.index, self.needs, self.chunk_steps, self.random_steps = index, list(needs), chunk_steps, random_steps
         self.env = VectorEnv(env_cfg["id"], int(env_cfg.get("num_envs", 1)), seed + 1000 * index,
-                             frame_size, dict(env_cfg.get("kwargs") or {}), workers)
+                             frame_size, dict(env_cfg.get("kwargs") or {}), workers,
+                             batch_render=bool(env_cfg.get("batch_render", False)))
         self.buffers: StepBuffers = self.env.step_buffers(chunk_steps)
         missing = [key for key in self.needs if key not in RECORDED or getattr(self.buffers, key) is None]
         if missing:

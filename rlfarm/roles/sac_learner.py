@@ -99,6 +99,7 @@ class SACLearner:
         self._requests: list[LoopRequest] = []
         self._requests_lock = threading.Lock()
         self._last_metrics: dict[str, torch.Tensor] = {}
+        self._burst_done: torch.cuda.Event | None = None  # marks the end of the last graphed burst on the GPU
         self._staleness: list[int] = []
 
     def set_runners(self, runners: list) -> None:
@@ -260,7 +261,14 @@ class SACLearner:
 
     def _update(self, n: int) -> None:
         if self.graphed:  # K updates per CUDA-graph replay, sampling on the device (rlfarm/algos/sac_graph.py)
+            # At most one burst queued ahead of the GPU: a launch into a full queue blocks holding the GIL, and
+            # then this process cannot answer stats or take in chunks (seen on a GPU shared with EGL rendering).
+            # An event wait releases the GIL.
+            if self._burst_done is not None:
+                self._burst_done.synchronize()
             self._last_metrics = self.graphed(n)
+            self._burst_done = torch.cuda.Event()
+            self._burst_done.record()
             self.updates += n
         else:
             for _ in range(n):

@@ -19,11 +19,12 @@ class StageShares:
     def __init__(self):
         self._seen: dict[tuple[str, int], dict[str, float]] = {}  # (kind, pid) → cumulative stage seconds
 
-    def row(self, stats_by_kind: dict[str, list[dict]]) -> dict:
+    def row(self, stats_by_kind: dict[str, list[dict]], late: tuple[str, ...] = ()) -> dict:
         """{"<prefix>_<stage>_fraction": share of the interval, "<prefix>_busy_fraction": the non-waiting
         share, "bottleneck"} for every kind that reported stage times this interval. Pass the roles that are
         still running: one whose stage times did not grow at all is inside one long stage (a stalled learner),
-        and that kind is the bottleneck."""
+        and that kind is the bottleneck. `late`: kinds none of whose running roles answered stats in time this
+        interval — too busy to answer (e.g. a learner whose GPU queue is full), so none of the others can be named."""
         row, busiest, stuck = {}, None, None
         for kind, stats_list in stats_by_kind.items():
             grown = self._growth(kind, stats_list)
@@ -43,6 +44,8 @@ class StageShares:
                 busiest = (busy, plural, working)
         if stuck is not None:
             row["bottleneck"] = f"{stuck}: inside one stage since the last row"
+        elif late:
+            row["bottleneck"] = f"{' and '.join(KINDS[kind][1] for kind in late)}: stats late (too busy to answer)"
         elif busiest is not None:
             row["bottleneck"] = _bottleneck(*busiest)
         return row

@@ -148,3 +148,8 @@ def test_stage_shares_name_the_busiest_role():
     row = shares.row({"env_runner": [{"pid": 4, "stage_s": {"act": 0.2, "credit_wait": 0.9, "step": 0.9}}],
                       "learner": [learner]})
     assert row["bottleneck"] == "learner: inside one stage since the last row"
+    # a learner that did not answer this tick (too busy): nobody else is named the bottleneck
+    row = shares.row({"env_runner": [{"pid": 4, "stage_s": {"act": 0.3, "credit_wait": 2.7, "step": 1.0}}],
+                      "learner": []}, late=("learner",))
+    assert row["bottleneck"] == "learner: stats late (too busy to answer)"
+    assert row["runner_credit_wait_fraction"] == pytest.approx(0.9)
