@@ -4,7 +4,7 @@
 #                         inside the pipeline with the env reward (learner-limited: UTD 1, batch 256, many runners)
 #   farm_e2e.sh farm      reward=env with frames rendered but unused, then reward=clip (ViT-L/14 shape, 224 px),
 #                         same runners/batch/UTD, $WALL s each
-# Env: TOPO (split_1_1 on 2 GPUs, split_1_3 on 4), RUNNERS, NUM_ENVS, WORKERS, UTD, BATCH, WALL, LABELERS.
+# Env: TOPO (split_1_1 on 2 GPUs, split_1_3 on 4), RUNNERS, NUM_ENVS, WORKERS, UTD, BATCH, WALL, LABELERS, RUNS, TAG, EXTRA.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PHASE=${1:-farm}
@@ -18,6 +18,8 @@ TOPO=${TOPO:-$([ "$NGPU" -ge 4 ] && echo split_1_3 || echo split_1_1)}
 LABELERS=${LABELERS:-$(( (NGPU - 1) * 2 ))}
 RUNNERS=${RUNNERS:-16}; NUM_ENVS=${NUM_ENVS:-8}; WORKERS=${WORKERS:-0}; UTD=${UTD:-0.25}; BATCH=${BATCH:-1024}
 WALL=${WALL:-150}
+TAG=${TAG:-}   # suffix of the run names (e.g. _batch_render)
+read -r -a EXTRA <<< "${EXTRA:-}"   # more overrides for the farm runs, e.g. EXTRA="env.batch_render=true"
 nvidia-smi -L > "$OUT/gpus.txt"; nproc >> "$OUT/gpus.txt"
 sample_gpus() { nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > "$1" & echo $!; }
 train() {  # name, overrides...
@@ -38,7 +40,11 @@ if [ "$PHASE" = learner ]; then
 else
   CLIP=/tmp/clip-l14
   [ -d $CLIP ] || python3 -m rlfarm.rewards.clip_factory --shape vit-l-14 --out $CLIP > /dev/null 2>&1
-  train env_frames reward=env reward.frame_size=224 "${FARM[@]}"
-  train clip reward=clip reward.model=$CLIP reward.compile=true reward.frame_size=224 "${FARM[@]}"
+  for run in ${RUNS:-env_frames clip}; do  # RUNS="clip env_frames" takes the CLIP run first
+    case $run in
+      env_frames) train env_frames$TAG reward=env reward.frame_size=224 "${FARM[@]}" "${EXTRA[@]}" ;;
+      clip) train clip$TAG reward=clip reward.model=$CLIP reward.compile=true reward.frame_size=224 "${FARM[@]}" "${EXTRA[@]}" ;;
+    esac
+  done
 fi
 cp /tmp/*.log "$OUT/" 2>/dev/null

@@ -5,6 +5,8 @@
 - runner workers=W: `EnvRunner.collect` as the role runs it, without Ray: one batched policy forward per vector
   step, the step and render of every sub-env (in this process for W=0, in W worker processes otherwise), the
   chunk filled in place. Its ratio to raw is what the runner adds (< 1), or what its workers win (> 1).
+- runner workers=W batch_render: the same with each process's MuJoCo sub-envs drawn as tiles in one GL context,
+  one pixel read per vector step (`env.batch_render`; sizes' `batch_render` lists which of false/true to run).
 Every case renders the same states: software GL's cost per frame depends on the scene (HalfCheetah far from its
 start renders 2× faster than near it), so the runners draw their policy noise from the same seeds and the raw
 envs (seeded as the runners' sub-envs) replay the first runner's actions. The cases of one (env, num_envs) are
@@ -25,7 +27,7 @@ import torch
 from omegaconf import DictConfig
 
 from rlfarm.bench.common import sizes
-from rlfarm.envs.vector import make_env, render_frame
+from rlfarm.envs.vector import is_mujoco, make_env, render_frame
 from rlfarm.roles.env_runner import EnvRunner
 
 UNIT = "env steps/s"
@@ -50,9 +52,11 @@ def measure(name: str, cfg: DictConfig, size: DictConfig, num_envs: int) -> list
     kwargs = dict(env.kwargs or {})
     raw_case = f"{name} x{num_envs} raw"
     raw = RawEnvs(str(env.id), kwargs, num_envs, int(size.frame_size), int(cfg.seed))
-    worker_counts = {f"{name} x{num_envs} runner workers={workers}": workers
-                     for workers in dict.fromkeys(min(int(w), num_envs) for w in size.workers)}
-    runners = {case: runner(str(env.id), kwargs, num_envs, workers, size, cfg) for case, workers in worker_counts.items()}
+    settings = {runner_case(name, num_envs, workers, batch): (workers, batch)
+                for workers in dict.fromkeys(min(int(w), num_envs) for w in size.workers)
+                for batch in (size.get("batch_render", [False]) if is_mujoco(str(env.id)) else [False])}
+    runners = {case: runner(str(env.id), kwargs, num_envs, workers, size, cfg, bool(batch))
+               for case, (workers, batch) in settings.items()}
     try:
         # The raw envs go last in each round, replaying the actions the first runner took in it.
         actions = next(iter(runners.values())).buffers.action[:steps]
@@ -71,9 +75,14 @@ def measure(name: str, cfg: DictConfig, size: DictConfig, num_envs: int) -> list
     for case in runners:
         spent = {stage: after[case][stage] - before[case][stage] for stage in STAGES}
         shares = {f"{stage}_share": round(seconds / sum(spent.values()), 3) for stage, seconds in spent.items()}
+        workers, batch = settings[case]
         rows.append({"case": case, "value": rates[case], "baseline": raw_case, **common,
-                     "workers": worker_counts[case], **shares})
+                     "workers": workers, "batch_render": bool(batch), **shares})
     return rows
+
+
+def runner_case(name: str, num_envs: int, workers: int, batch_render: bool) -> str:
+    return f"{name} x{num_envs} runner workers={workers}" + (" batch_render" if batch_render else "")
 
 
 def interleaved_rates(works: dict[str, Callable[[], object]], items: int, rounds: int) -> dict[str, float]:
@@ -121,10 +130,11 @@ class RawEnvs:
             env.close()
 
 
-def runner(env_id: str, kwargs: dict, num_envs: int, workers: int, size: DictConfig, cfg: DictConfig) -> EnvRunner:
+def runner(env_id: str, kwargs: dict, num_envs: int, workers: int, size: DictConfig, cfg: DictConfig,
+           batch_render: bool = False) -> EnvRunner:
     """An EnvRunner built in this process, recording frames for a pixel reward model, acting with its policy."""
     actor = {"_target_": "rlfarm.models.mlp.SquashedGaussianActor", "_partial_": True,
              "hidden": list(cfg.actor_hidden)}
-    env_cfg = {"id": env_id, "num_envs": num_envs, "workers": workers, "kwargs": kwargs}
+    env_cfg = {"id": env_id, "num_envs": num_envs, "workers": workers, "batch_render": batch_render, "kwargs": kwargs}
     return EnvRunner(0, env_cfg, actor, ["frames"], int(size.frame_size), int(cfg.seed), int(size.chunk_steps),
                      credits=1, random_steps=0, threads=1)

@@ -503,10 +503,12 @@ class _TiledRenderer:
         # The offscreen buffer is sized from the model when the MjrContext is made.
         model.vis.global_.offwidth = max(model.vis.global_.offwidth, width)
         model.vis.global_.offheight = max(model.vis.global_.offheight, height)
+        # The context is current only while in use (as_current): a threaded Ray actor builds its env on one
+        # thread and steps it on another, and EGL refuses a context still current on a different thread.
         self.gl = mujoco.GLContext(width, height)
-        self.gl.make_current()
-        self.context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
-        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.context)
+        with self.gl.as_current():
+            self.context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+            mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.context)
         first = self.renderers[0]
         self.scene = mujoco.MjvScene(model, first.max_geom)  # filled and drawn per sub-env in turn
         self.option, self.perturb = mujoco.MjvOption(), mujoco.MjvPerturb()
@@ -519,14 +521,14 @@ class _TiledRenderer:
     def render(self, frames: np.ndarray) -> None:
         """Write frames [count, size, size, 3] of the sub-envs' current states."""
         mujoco, size = self.mujoco, self.size
-        self.gl.make_current()  # another context (an env rendered on its own) may have become current
         if self.cameras is None:
             self.cameras = [_gymnasium_camera(r, m, d) for r, m, d in zip(self.renderers, self.models, self.datas)]
-        for j, (model, data, camera) in enumerate(zip(self.models, self.datas, self.cameras)):
-            mujoco.mjv_updateScene(model, data, self.option, self.perturb, camera, mujoco.mjtCatBit.mjCAT_ALL,
-                                   self.scene)
-            mujoco.mjr_render(mujoco.MjrRect(*self._origin(j), size, size), self.scene, self.context)
-        mujoco.mjr_readPixels(self.pixels, None, self.viewport, self.context)
+        with self.gl.as_current():
+            for j, (model, data, camera) in enumerate(zip(self.models, self.datas, self.cameras)):
+                mujoco.mjv_updateScene(model, data, self.option, self.perturb, camera, mujoco.mjtCatBit.mjCAT_ALL,
+                                       self.scene)
+                mujoco.mjr_render(mujoco.MjrRect(*self._origin(j), size, size), self.scene, self.context)
+            mujoco.mjr_readPixels(self.pixels, None, self.viewport, self.context)
         for j in range(len(frames)):
             x, y = self._origin(j)
             frames[j] = self.pixels[y : y + size, x : x + size][::-1]  # OpenGL's rows go bottom-up
@@ -536,8 +538,8 @@ class _TiledRenderer:
         return (j % self.columns) * self.size, (j // self.columns) * self.size
 
     def close(self) -> None:
-        self.gl.make_current()
-        self.context.free()
+        with self.gl.as_current():
+            self.context.free()
         self.gl.free()
 
 
@@ -570,6 +572,11 @@ def _check_same_layout(models: list) -> None:
         other = {field: getattr(model, field) for field in fields}
         if other != first:
             raise ValueError(f"batch_render needs sub-envs of one model layout: {first} vs {other}")
+
+
+def is_mujoco(env_id: str) -> bool:
+    """Whether env_id is a MuJoCo env (what batch_render applies to), without importing MuJoCo otherwise."""
+    return _is_mujoco(_registered_spec(env_id))
 
 
 def _mujoco_renderer(env: gym.Env):

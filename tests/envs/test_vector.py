@@ -1,4 +1,5 @@
 import glob
+import threading
 
 import gymnasium as gym
 import numpy as np
@@ -163,6 +164,19 @@ def test_batch_render_draws_the_frames_of_one_context_per_sub_env(workers):
     off = np.abs(tiled["frames"].astype(np.int16) - alone["frames"])
     assert off.max() <= 1 and (off > 0).mean() < 0.01
     assert not np.array_equal(tiled["frames"][3], tiled["frames"][4])  # the reset state is not drawn at the done step
+
+
+def test_batch_render_steps_on_another_thread_than_the_one_that_built_it():
+    """A threaded Ray actor (the env runner) builds its env on one thread and collects on another."""
+    env = VectorEnv("HalfCheetah-v5", num_envs=2, frame_size=16, batch_render=True)
+    env.reset()
+    frames = []
+    stepper = threading.Thread(target=lambda: frames.append(env.step(np.zeros((2, 6), np.float32)).frames))
+    stepper.start()
+    stepper.join(60)
+    frames.append(env.step(np.zeros((2, 6), np.float32)).frames)
+    env.close()
+    assert len(frames) == 2 and frames[0].std() > 0 and frames[1].shape == (2, 16, 16, 3)
 
 
 def test_batch_render_leaves_non_mujoco_envs_on_their_own_renderer():
