@@ -26,7 +26,8 @@ from hydra.utils import instantiate
 from rlfarm.roles.bus import Bus
 from rlfarm.roles.common import assigned_device, limit_threads
 
-WARMUP_CALLS = 2  # model calls that may take as long as a model load (compile, then one recompile)
+WARMUP_CALLS = 8  # model calls that may take as long as a model load: a compiled model compiles again per new
+                  # shape class (static, then dynamic batch sizes), and under CPU load each can take over a minute
 # What the learner stores of a chunk; everything else (frames, env reward) stays behind.
 LEARNER_FIELDS = ("obs", "action", "next_obs", "terminated")
 
