@@ -1,18 +1,13 @@
 #!/bin/bash
 # Issue 15: the labeling farm end to end on a 2- or 4-GPU machine (HalfCheetah, frames rendered by the runners).
-#   farm_e2e.sh learner   the learner alone (`rlfarm bench learner`, batch 256 and $BATCH), then the same learner
-#                         inside the pipeline with the env reward (learner-limited: UTD 1, batch 256, many runners)
+#   farm_e2e.sh learner   the learner inside the pipeline with the env reward (learner-limited: UTD 1, batch 256,
+#                         many runners); its bench figure alone comes from gpu_checks.sh
 #   farm_e2e.sh farm      reward=env with frames rendered but unused, then reward=clip (ViT-L/14 shape, 224 px),
 #                         same runners/batch/UTD, $WALL s each
 # Env: TOPO (split_1_1 on 2 GPUs, split_1_3 on 4), RUNNERS, NUM_ENVS, WORKERS, UTD, BATCH, WALL, LABELERS, RUNS, TAG, EXTRA.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PHASE=${1:-farm}
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-source .devpkgs/setup.sh
-export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
-[ -f /usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json ] && \
-  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+source launch/device/gpu_env.sh
 NGPU=$(nvidia-smi -L | wc -l)
 TOPO=${TOPO:-$([ "$NGPU" -ge 4 ] && echo split_1_3 || echo split_1_1)}
 LABELERS=${LABELERS:-$(( (NGPU - 1) * 2 ))}
@@ -33,9 +28,7 @@ train() {  # name, overrides...
 }
 FARM=(topology.roles.env_runner.count=$RUNNERS env.num_envs=$NUM_ENVS env.workers=$WORKERS
       algo.utd_ratio=$UTD algo.batch_size=$BATCH labeler.bus_items=1024 labeler.bus_timeout_s=0.2)
-if [ "$PHASE" = learner ]; then
-  rlfarm bench learner device=cuda bench.sizes.profile=false hydra.run.dir=/tmp/bench_learner > /tmp/bench.log 2>&1
-  echo "bench rc=$?"; tail -12 /tmp/bench.log; cp /tmp/bench_learner/bench.json "$OUT/bench_learner.json"
+if [ "$PHASE" = learner ]; then  # the learner alone: gpu_checks.sh (rlfarm bench learner)
   train learner_in_pipeline reward=env topology.roles.env_runner.count=$RUNNERS env.num_envs=$NUM_ENVS
 else
   CLIP=/tmp/clip-l14

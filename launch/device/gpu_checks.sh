@@ -2,12 +2,7 @@
 # Issue 15 GPU checks (carry .devpkgs with the pytest wheels, and .gl): the gpu-marked learner/buffer tests, then
 # `rlfarm bench learner` (HalfCheetah sizes; eager, graph and the learner role's own bursts) at batch 256 and $BATCH.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-source .devpkgs/setup.sh
-export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
-[ -f /usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json ] && \
-  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+source launch/device/gpu_env.sh
 timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/roles/test_sac_learner.py tests/buffers/test_replay.py \
   tests/bench/test_learner.py tests/loops/test_sac_gpu.py 2>&1 | tail -15
 for batch in 256 ${BATCH:-1024}; do

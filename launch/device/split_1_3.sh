@@ -3,12 +3,7 @@
 # reward tower on rendered HalfCheetah frames.   usage: split_1_3.sh scaling|main
 set -uo pipefail
 PHASE=${1:-scaling}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-source .devpkgs/setup.sh
-export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
-[ -f /usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json ] && \
-  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+source launch/device/gpu_env.sh
 nvidia-smi -L > "$OUT/gpus.txt"
 CLIP=/tmp/clip-l14
 [ -d $CLIP ] || python3 -m rlfarm.rewards.clip_factory --shape vit-l-14 --out $CLIP > /dev/null 2>&1
