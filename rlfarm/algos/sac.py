@@ -63,6 +63,7 @@ class SACAgent:
         self.actor = actor(obs_dim, act_dim, action_low, action_high).to(self.device)
         self.critic = critic(obs_dim, act_dim).to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self._critic_params = list(self.critic.parameters())
         self.actor_optim = _adam(self.actor.parameters(), actor_lr or lr)
         self.critic_optim = _adam(self.critic.parameters(), critic_lr or lr)
         # Heuristic target entropy −|A| (paper, sec. 5).
@@ -101,18 +102,24 @@ class SACAgent:
     def _update_actor(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         action, logp = self.actor.sample(obs)
         # The critic is a constant here: skip its weight gradients (a third of the backward pass).
-        self.critic.requires_grad_(False)
+        self._critic_requires_grad(False)
         loss = actor_loss(self.critic(obs, action), logp, self.alpha)
+        # One backward pass for both losses: their gradients touch disjoint parameters (the actor loss sees α
+        # detached, the temperature loss sees log π detached), so each gets exactly its own loss's gradient.
+        total = loss + temperature_loss(self.log_alpha, logp, self.target_entropy) if self.autotune else loss
         self.actor_optim.zero_grad(set_to_none=True)
-        loss.backward()
+        self.alpha_optim.zero_grad(set_to_none=True)
+        total.backward()
+        self._critic_requires_grad(True)
         self.actor_optim.step()
-        self.critic.requires_grad_(True)
         if self.autotune:
-            alpha_loss = temperature_loss(self.log_alpha, logp, self.target_entropy)
-            self.alpha_optim.zero_grad(set_to_none=True)
-            alpha_loss.backward()
             self.alpha_optim.step()
         return loss.detach(), -logp.detach().mean()
+
+    def _critic_requires_grad(self, flag: bool) -> None:
+        # The flag set on the cached tensors directly: Module.requires_grad_ walks the module tree every call.
+        for param in self._critic_params:
+            param.requires_grad_(flag)
 
     @torch.no_grad()
     def _update_target(self) -> None:

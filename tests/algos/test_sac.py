@@ -108,3 +108,25 @@ def test_state_dict_round_trip_continues_identically():
     torch.manual_seed(5)
     mb = b.update(batch())
     assert ma["critic_loss"].item() == pytest.approx(mb["critic_loss"].item(), rel=1e-6)
+
+
+def test_one_backward_for_actor_and_temperature_equals_two_separate_ones():
+    torch.manual_seed(0)
+    merged, separate = make_agent(), make_agent()
+    separate.load_state_dict(merged.state_dict())
+    obs = batch()["obs"]
+    torch.manual_seed(3)
+    merged._update_actor(obs)
+    # The textbook order: the actor's loss and step, then the temperature's own loss, backward and step.
+    torch.manual_seed(3)
+    action, logp = separate.actor.sample(obs)
+    separate.critic.requires_grad_(False)
+    separate.actor_optim.zero_grad()
+    actor_loss(separate.critic(obs, action), logp, separate.alpha).backward()
+    separate.actor_optim.step()
+    separate.critic.requires_grad_(True)
+    separate.alpha_optim.zero_grad()
+    temperature_loss(separate.log_alpha, logp, separate.target_entropy).backward()
+    separate.alpha_optim.step()
+    assert torch.equal(merged.log_alpha, separate.log_alpha)
+    assert all(torch.equal(a, b) for a, b in zip(merged.actor.parameters(), separate.actor.parameters()))
