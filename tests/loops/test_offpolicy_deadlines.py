@@ -11,8 +11,9 @@ from helpers import TINY_SAC, metrics_rows, read_summary, start_train, train, wa
 from rlfarm.telemetry.stages import StageShares
 
 DEADLINE = ["run.role_timeout_s=5"]
-# Every 3rd reward-model call of a labeler process blocks for 50 s: 10x the deadline.
-HANG = ["reward=faulty", "reward.mode=hang", "reward.fail_every=3", "reward.hang_s=50", "labeler.bus_items=16"]
+# Every 9th reward-model call of a labeler process blocks for 50 s (10x the deadline): the 9th is its first call
+# after the warm-up calls (rlfarm/roles/labeler.py: WARMUP_CALLS), which get the longer restart deadline.
+HANG = ["reward=faulty", "reward.mode=hang", "reward.fail_every=9", "reward.hang_s=50", "labeler.bus_items=16"]
 ENDLESS = ["total_env_steps=1000000", *TINY_SAC, "run.checkpoint_every_updates=0", "run.checkpoint_every_min=0"]
 
 
