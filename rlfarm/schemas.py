@@ -142,11 +142,16 @@ class GymEnvSchema(Ranged):
     workers: int  # processes stepping the num_envs sub-envs; 0: the runner's own (rlfarm/envs/vector.py)
     batch_render: bool  # MuJoCo sub-envs of a process rendered as tiles in one GL context (envs/vector.py)
     kwargs: Any  # gymnasium.make's keyword arguments
+    # GPUs the runners render on through EGL (runner i on render_gpus[i % len]); None: all of the node's.
+    # Keeps rendering off GPUs that are busy with something else, e.g. the reward model's (docs/benchmarks.md).
+    render_gpus: Optional[list[int]] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0 <= self.workers <= self.num_envs:
             raise RangeError("workers", f"in [0, num_envs] = [0, {self.num_envs}]", self.workers)
+        if self.render_gpus is not None and (not self.render_gpus or min(self.render_gpus) < 0):
+            raise RangeError("render_gpus", "null or a non-empty list of GPU indices", self.render_gpus)
 
 
 @dataclass

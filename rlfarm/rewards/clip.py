@@ -64,6 +64,7 @@ class ClipReward(RewardModel):
         self.compile = compile
         self.max_batch = max_batch
         self._clip = None
+        self._buffers: dict[int, tuple[torch.Tensor, torch.cuda.Event]] = {}  # pinned staging (CUDA only)
 
     def setup(self, device: str) -> None:
         self._device = torch.device(device)
@@ -92,11 +93,37 @@ class ClipReward(RewardModel):
             raise RewardModelError("ClipReward.setup(device) must run before labeling")
         frames = batch["frames"]
         rewards = []
-        for start in range(0, len(frames), self.max_batch):
-            chunk = torch.from_numpy(np.ascontiguousarray(frames[start : start + self.max_batch])).to(self._device)
+        for index, start in enumerate(range(0, len(frames), self.max_batch)):
+            chunk = self._upload(frames[start : start + self.max_batch], index % 2)
             x = self._image_tower(self._preprocess(chunk)).float()
             rewards.append(goal_baseline_reward(F.normalize(x, dim=-1), self._goal, self._baseline, self.alpha))
         return torch.cat(rewards).cpu().numpy().astype(np.float32)
+
+    def _upload(self, frames: np.ndarray, slot: int) -> torch.Tensor:
+        """Frames onto the device. On CUDA they go through one of two pinned staging buffers, copied without
+        blocking: the CPU fills the next sub-batch's buffer while the GPU still runs the tower on the last one
+        (a pageable copy would keep the GPU idle for the copy of every sub-batch)."""
+        if self._device.type != "cuda":
+            return torch.from_numpy(np.ascontiguousarray(frames))
+        staging, copied = self._staging(slot, frames.shape)
+        copied.synchronize()  # this buffer's previous copy (two sub-batches ago) has left it
+        view = staging[: len(frames)]
+        np.copyto(view.numpy(), frames)
+        on_device = view.to(self._device, non_blocking=True)
+        copied.record()
+        return on_device
+
+    def _staging(self, slot: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.cuda.Event]:
+        """The pinned buffer of `slot` (max_batch frames of this shape) and the event of its last copy."""
+        staging, event = self._buffers.get(slot, (None, None))
+        if staging is None or staging.shape[1:] != tuple(shape[1:]):
+            if event is not None:
+                event.synchronize()
+            staging = torch.empty((self.max_batch, *shape[1:]), dtype=torch.uint8).pin_memory()
+            event = torch.cuda.Event()
+            event.record()
+            self._buffers[slot] = (staging, event)
+        return staging, event
 
     def _preprocess(self, frames: torch.Tensor) -> torch.Tensor:
         """[n, H, W, 3] uint8 → [n, 3, S, S] normalized pixels in the model's dtype (CLIP's center crop + resize)."""

@@ -33,15 +33,15 @@ from rlfarm.roles.common import limit_threads, seed_everything
 from rlfarm.roles.versioned_weights import HeldWeights, Publication
 
 
-def spread_rendering(index: int) -> None:
+def spread_rendering(index: int, render_gpus: list[int] | None = None) -> None:
     """Runners render headless through EGL; left alone, every runner draws on GPU 0 and it becomes the
-    bottleneck (docs/benchmarks.md, split_1_3). Spread them over the node's GPUs. Runners hold no CUDA share,
-    so count the device files, not CUDA."""
+    bottleneck (docs/benchmarks.md, split_1_3). Spread them over `render_gpus`, or over all of the node's GPUs.
+    Runners hold no CUDA share, so count the device files, not CUDA."""
     if os.environ.get("MUJOCO_GL") != "egl" or "MUJOCO_EGL_DEVICE_ID" in os.environ:
         return
-    gpus = len(glob.glob("/dev/nvidia[0-9]*"))
+    gpus = list(render_gpus or range(len(glob.glob("/dev/nvidia[0-9]*"))))
     if gpus:
-        os.environ["MUJOCO_EGL_DEVICE_ID"] = str(index % gpus)
+        os.environ["MUJOCO_EGL_DEVICE_ID"] = str(gpus[index % len(gpus)])
 
 
 def limit_software_rendering(threads: int) -> None:
@@ -88,7 +88,7 @@ class EnvRunner:
                  seed: int, chunk_steps: int, credits: int, random_steps: int, threads: int = 1):
         limit_threads(threads)
         seed_everything(seed + 7919 * index)
-        spread_rendering(index)
+        spread_rendering(index, env_cfg.get("render_gpus"))
         workers = int(env_cfg.get("workers", 0))
         limit_software_rendering(threads // max(1, workers))
         self.index, self.needs, self.chunk_steps, self.random_steps = index, list(needs), chunk_steps, random_steps

@@ -107,6 +107,8 @@ def test_cuda_bf16_rewards_agree_with_cpu_fp32(tiny_clip, compile):
     reward = ClipReward(tiny_clip, ["a cheetah running fast"], ["a cheetah"], compile=compile, max_batch=128)
     reward.setup("cuda:0")
     np.testing.assert_allclose(reward({"frames": frames}), reference, atol=5e-3)
+    # a second call reuses the pinned staging buffers: nothing of the first call's frames may leak into it
+    np.testing.assert_allclose(reward({"frames": frames[::-1]}), reference[::-1], atol=5e-3)
 
 
 def test_missing_model_path_is_one_line_error(tmp_path):
