@@ -16,6 +16,7 @@ import time
 from concurrent.futures import Future
 
 import numpy as np
+import psutil
 import ray
 from omegaconf import DictConfig
 
@@ -59,6 +60,7 @@ class OffPolicyLoop(PeriodicCheckpoints):
         self._left_behind: set[str] = set()  # workers not restarted because the run is ending (named once each)
         self._learner_seen: tuple[tuple, float] = ((), time.monotonic())  # (updates, stored), since when
         self._stall_warned = False
+        self._first_step_at = float("inf")  # time.time() of the first env step any runner took (startup_s)
         self._start_checkpoints()
         if resume_from:
             self._resume(resume_from)
@@ -127,7 +129,8 @@ class OffPolicyLoop(PeriodicCheckpoints):
             raise RoleUnresponsive(f"the learner did not answer stats within {self.deadline_s:g} s")
         sup.write_roles_file()
         title = f"rlfarm · {self.cfg.algo.name} · {self.cfg.env.id} · {self.cfg.topology.name}"
-        with self.until_preempted(with_buffer=True), LiveView(title, self.cfg.run.live) as view:
+        view = LiveView(title, self.cfg.run.live, total_env_steps=total)  # its ETA: from the rate shown
+        with self.until_preempted(with_buffer=True), view:
             while not self._finished():                                                   # 1. act/label/learn
                 row = self._record()
                 view.update(row)
@@ -392,6 +395,7 @@ class OffPolicyLoop(PeriodicCheckpoints):
         fresh = sup.running(self._poll(POLL_WAIT_S))  # stage times: of the roles that answered and are at work
         learner = sup.learner.stats
         runners = [w.stats for w in sup.of("env_runner")]
+        self._first_step_at = min([self._first_step_at, *(s["first_step_at"] for s in runners if s.get("first_step_at"))])
         labelers = [w.stats for w in sup.of("labeler")]
         live = lambda stats, key: sum(s.get(key, 0) for s in stats)  # noqa: E731 - a restarting worker has {}
         now, session_s = time.monotonic(), self.progress.session_s
@@ -445,7 +449,15 @@ class OffPolicyLoop(PeriodicCheckpoints):
         unlabeled = row["transitions_produced"] - row["transitions_labeled"] - row["transitions_quarantined"]
         return {k: row[k] for k in keys} | {"transitions_unlabeled": max(unlabeled, 0),
                                              "wall_s": round(self.progress.wall_s, 2), "restarts": self.progress["epoch"],
+                                             "startup_s": startup_s(self._first_step_at),
                                              "recoveries": self.supervisor.recoveries}
+
+
+def startup_s(first_step_at: float) -> float | None:
+    """Seconds from this process's start (the command typed) to the first env step of any runner."""
+    if first_step_at == float("inf"):
+        return None
+    return round(first_step_at - psutil.Process().create_time(), 2)
 
 
 def _accounted(learner_stats: dict) -> int:

@@ -7,7 +7,7 @@ import ray
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rlfarm.roles.env_runner import EnvRunner
+from rlfarm.roles.env_runner import EnvRunner, env_spaces
 from rlfarm.roles.labeler import Labeler
 from rlfarm.roles.sac_learner import SACLearner
 from rlfarm.topology import PlacedTopology
@@ -44,6 +44,10 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
     restartable = {"max_restarts": int(cfg.run.max_restarts), "max_task_retries": 0}
     as_dict = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731 - plain dicts travel to actors
     needs, frame_size = reward_inputs(cfg.reward)
+    spaces = env_spaces(as_dict(cfg.env))  # before any actor: a bad env fails here, in one line
+    (learner_place,) = plan.of("learner")  # started first: it takes longest to build
+    learner = ray.remote(SACLearner).options(**placed.options(learner_place), max_concurrency=CONCURRENCY).remote(
+        as_dict(algo), as_dict(cfg.model), spaces, int(cfg.seed), learner_place.threads)
     runner_places = plan.of("env_runner")
     random_steps = -(-int(algo.learning_starts) // len(runner_places))
     runners = [
@@ -56,10 +60,6 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
             p.index, as_dict(cfg.reward), int(cfg.labeler.bus_items), float(cfg.labeler.bus_timeout_s), p.threads,
             quarantine_dir)
         for p in plan.of("labeler")]
-    spaces = ray.get(runners[0].spaces.remote())
-    (learner_place,) = plan.of("learner")
-    learner = ray.remote(SACLearner).options(**placed.options(learner_place), max_concurrency=CONCURRENCY).remote(
-        as_dict(algo), as_dict(cfg.model), spaces, int(cfg.seed), learner_place.threads)
     ray.get([learner.set_runners.remote(runners)]
             + [r.set_labelers.remote(labelers) for r in runners]
             + [l.set_learner.remote(learner) for l in labelers])

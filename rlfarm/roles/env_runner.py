@@ -28,7 +28,7 @@ import ray
 import torch
 from hydra.utils import instantiate
 
-from rlfarm.envs.vector import RECORDED, StepBuffers, VectorEnv
+from rlfarm.envs.vector import RECORDED, StepBuffers, VectorEnv, make_env
 from rlfarm.roles.common import limit_threads, seed_everything
 from rlfarm.roles.versioned_weights import HeldWeights, Publication
 
@@ -42,6 +42,22 @@ def spread_rendering(index: int, render_gpus: list[int] | None = None) -> None:
     gpus = list(render_gpus or range(len(glob.glob("/dev/nvidia[0-9]*"))))
     if gpus:
         os.environ["MUJOCO_EGL_DEVICE_ID"] = str(gpus[index % len(gpus)])
+
+
+def box_spaces(observation_space, action_space) -> dict:
+    """What the policy and the learner's networks are built from: flat sizes and the action bounds."""
+    return {"obs_dim": int(np.prod(observation_space.shape)), "act_dim": int(np.prod(action_space.shape)),
+            "action_low": action_space.low.astype(np.float32), "action_high": action_space.high.astype(np.float32)}
+
+
+def env_spaces(env_cfg: dict) -> dict:
+    """The runners' spaces, read by the driver from one env of its own (no frames): the learner can then start
+    beside the runners instead of after the first one is up (that wait was ~3 s of a 2-core machine's start-up)."""
+    env = make_env(env_cfg["id"], None, dict(env_cfg.get("kwargs") or {}))
+    try:
+        return box_spaces(env.observation_space, env.action_space)
+    finally:
+        env.close()
 
 
 def limit_software_rendering(threads: int) -> None:
@@ -101,10 +117,9 @@ class EnvRunner:
             raise ValueError(f"the reward model needs {missing}, which a runner does not record "
                              f"(it records {', '.join(RECORDED)}; frames need a frame_size)")
         self._carry_row: int | None = None  # the row of buffers.obs the next chunk starts from (None: reset first)
-        space = self.env.single_action_space
-        self.obs_dim = int(np.prod(self.env.single_observation_space.shape))
-        self.act_dim = int(np.prod(space.shape))
-        self.action_low, self.action_high = space.low.astype(np.float32), space.high.astype(np.float32)
+        self._spaces = box_spaces(self.env.single_observation_space, self.env.single_action_space)
+        self.obs_dim, self.act_dim = self._spaces["obs_dim"], self._spaces["act_dim"]
+        self.action_low, self.action_high = self._spaces["action_low"], self._spaces["action_high"]
         self.policy = instantiate(actor_cfg)(self.obs_dim, self.act_dim, self.action_low, self.action_high).eval()
         self.rng = np.random.default_rng(seed + 7919 * index)
         self.credits = threading.Semaphore(credits)
@@ -117,6 +132,7 @@ class EnvRunner:
         self.weights = HeldWeights()
         self.labelers: list = []
         self.env_steps = self.produced = self.chunks = 0
+        self.first_step_at: float | None = None  # time.time() of this runner's first env step (the run's startup_s)
         self.max_env_steps = sys.maxsize  # run() and set_budget() lower it
         self.stages = StageClock("act", "step", "render", "credit_wait", "send")
         self.finished_returns: deque[float] = deque()
@@ -124,8 +140,7 @@ class EnvRunner:
 
     # -- wiring ------------------------------------------------------------------------------------
     def spaces(self) -> dict:
-        return {"obs_dim": self.obs_dim, "act_dim": self.act_dim,
-                "action_low": self.action_low, "action_high": self.action_high}
+        return self._spaces
 
     def set_labelers(self, labelers: list) -> None:
         self.labelers = list(labelers)
@@ -183,6 +198,8 @@ class EnvRunner:
         """Load the newest weights handed over, then act `steps` (≤ chunk_steps) vector steps from where the last
         chunk ended. Returns the chunk: flat [steps * num_envs, ...] views of the step buffers, step-major, valid
         until the next collect()."""
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
         with self.stages.timing("act"):
             self._refresh_policy()
         rows = self.buffers
@@ -253,7 +270,8 @@ class EnvRunner:
         self.chunks += 1
 
     def totals(self) -> dict:
-        return {"runner": self.index, "env_steps": self.env_steps, "produced": self.produced, "chunks": self.chunks}
+        return {"runner": self.index, "env_steps": self.env_steps, "produced": self.produced, "chunks": self.chunks,
+                "first_step_at": self.first_step_at}
 
     def stats(self) -> dict:
         returns, lengths = [], []

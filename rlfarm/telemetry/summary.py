@@ -24,7 +24,7 @@ def summary_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
             f"ran {s['env_steps']:,} env steps in {s['wall_s']:.0f} s ({rate:,.0f}/s) with {s['updates']:,} updates; "
             f"mean return of the last 10 episodes {ret_text}. Transitions produced {s['transitions_produced']:,}, "
             f"labeled {s['transitions_labeled']:,}, stored {s['transitions_stored']:,} ({exact}, "
-            f"{s.get('duplicates', 0)} duplicates dropped{relabeled}).{faults}{restarts} Run dir: {run_dir} "
+            f"{s.get('duplicates', 0)} duplicates dropped{relabeled}).{faults}{restarts}{_startup(s)} Run dir: {run_dir} "
             f"(curves: tensorboard --logdir {run_dir}/tb).")
 
 
@@ -63,3 +63,7 @@ def _target(s: dict, key: str) -> str:
     if target is None:
         return ""
     return f" ({'reached' if s.get('reached_target') else 'did not reach'} the target {target})"
+
+
+def _startup(s: dict) -> str:
+    return f" First env step {s['startup_s']:.1f} s after the command started." if s.get("startup_s") else ""

@@ -1,5 +1,6 @@
 """`rlfarm` as a user runs it: a subprocess, real Hydra composition, real Ray, then read the run directory."""
 import json
+import time
 
 from helpers import TINY_SAC, rlfarm
 
@@ -15,7 +16,9 @@ TINY = ["total_env_steps=600", *TINY_SAC, "run.live=false"]
 
 def test_train_writes_a_complete_run_directory(tmp_path):
     run_dir = tmp_path / "run"
+    started = time.monotonic()
     out = rlfarm("train", f"hydra.run.dir={run_dir}", *TINY)
+    elapsed = time.monotonic() - started
     assert out.returncode == 0, out.stderr[-2000:]
     for name in ("config.yaml", "train.log", "metrics.jsonl", "summary.json", ".hydra/config.yaml"):
         assert (run_dir / name).exists(), name
@@ -26,6 +29,9 @@ def test_train_writes_a_complete_run_directory(tmp_path):
     assert summary["transitions_produced"] == summary["transitions_labeled"] == summary["transitions_stored"] == 600
     assert summary["updates"] == 600 - 200 + 1
     assert summary["episode_return_mean"] is not None and summary["wall_s"] > 0
+    # time from the command to the first env step: after the process started, before the run ended
+    assert 0 < summary["startup_s"] < elapsed
+    assert f"First env step {summary['startup_s']:.1f} s after the command started" in out.stdout + out.stderr
     assert (run_dir / "checkpoints" / "final.pt").exists()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows and {"env_steps", "env_steps_per_s", "labeled_per_s", "updates_per_s", "labeling_lag_s",
