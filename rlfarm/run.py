@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlfarm.checkpoint_files import newest_first, newest_intact
 from rlfarm.telemetry.metrics import MetricsLogger
 from rlfarm.telemetry.sinks import build_sinks
 
@@ -53,9 +54,16 @@ class Run:
 
 
 def newest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The checkpoint to resume from: the one with the most updates (final > preempted > step_N by mtime)."""
-    checkpoints = [p for p in (Path(run_dir) / "checkpoints").glob("*.pt")]
-    return max(checkpoints, key=lambda p: p.stat().st_mtime) if checkpoints else None
+    """The newest checkpoint on disk, unverified (for messages: "a resume continues from ...")."""
+    checkpoints = newest_first(Path(run_dir) / "checkpoints")
+    return checkpoints[0] if checkpoints else None
+
+
+def resume_checkpoint(run_dir: str | Path) -> Path | None:
+    """The checkpoint a resume loads: the newest intact one, each newer damaged one named in a warning line;
+    None when the run has none. Checked here, in the driver, so a damaged file never reaches a role's load."""
+    return newest_intact(Path(run_dir) / "checkpoints", "resuming from",
+                         "start a new run (without resume=), or pass resume=<another run dir>")
 
 
 def is_run_dir(path: str | Path) -> bool:

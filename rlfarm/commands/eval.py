@@ -80,7 +80,7 @@ def evaluate(cfg: DictConfig) -> dict:
     from rlfarm.run import write_json_atomic
 
     started = time.monotonic()
-    run = load_trained_run(cfg.run_dir, str(cfg.checkpoint))
+    run = load_trained_run(cfg.run_dir, verified_checkpoint(cfg))
     out_dir = run.dir / "eval"
     out_dir.mkdir(exist_ok=True)
     for stale in out_dir.glob("episode_*.mp4"):  # from an earlier eval with more video episodes
@@ -93,6 +93,21 @@ def evaluate(cfg: DictConfig) -> dict:
     result["wall_s"] = round(time.monotonic() - started, 3)
     write_json_atomic(out_dir / "returns.json", result)
     return result
+
+
+def verified_checkpoint(cfg: DictConfig) -> str:
+    """The checkpoint to load (as `load_trained_run` takes it), verified first: `latest` is the newest intact
+    one (a warning line names each damaged newer one); a damaged one picked by name is one line."""
+    from rlfarm.checkpoint_files import check_intact, newest_intact
+    from rlfarm.evaluation import check_run_dir, find_checkpoint
+
+    run_dir = check_run_dir(cfg.run_dir)
+    fix = "pick another checkpoint=<file name> (or latest), or another run_dir"
+    if str(cfg.checkpoint) == "latest":
+        path = newest_intact(run_dir / "checkpoints", "evaluating", fix) or find_checkpoint(run_dir)
+    else:
+        path = check_intact(find_checkpoint(run_dir, str(cfg.checkpoint)), fix)
+    return path.name if path.parent == run_dir / "checkpoints" else str(path)
 
 
 def load_reward_model(run_cfg: DictConfig):

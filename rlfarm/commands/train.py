@@ -15,7 +15,7 @@ from rlfarm.cluster import ray_session
 from rlfarm.commands.common import check_local_cluster, compose_checked
 from rlfarm.config import validate
 from rlfarm.errors import ConfigError, Preempted, RlfarmError
-from rlfarm.run import Run, discard_run_dir, is_run_dir, newest_checkpoint
+from rlfarm.run import Run, discard_run_dir, is_run_dir, resume_checkpoint
 from rlfarm.telemetry.summary import onpolicy_paragraph, ppo_paragraph, summary_paragraph, vla_paragraph
 from rlfarm.topology import PlacedTopology, plan_topology
 
@@ -49,7 +49,7 @@ def resolve_resume(cfg: DictConfig, run_dir: str) -> tuple[DictConfig, str | Non
     the keys that only bound or place the run (RESUME_OVERRIDABLE)."""
     if cfg.resume is None:
         return cfg, None
-    checkpoint = newest_checkpoint(run_dir)
+    checkpoint = resume_checkpoint(run_dir)  # the newest intact one; a damaged newer one is named
     if checkpoint is None:
         if cfg.resume == "auto":
             return cfg, None  # nothing to resume yet: a fresh start (first attempt of a requeued job)

@@ -1,6 +1,8 @@
 """What every resumable loop does about checkpoints: write one every `run.checkpoint_every_updates` updates
 or `run.checkpoint_every_min` minutes (keeping the newest two), and turn SIGTERM into a flag the loop checks
-between cycles (it then writes preempted.pt and exits for a requeue). The loop supplies `checkpoint(name)`.
+between cycles (it then writes preempted.pt and exits for a requeue). The loop supplies `checkpoint(name)`; the
+role writes the file with `rlfarm.checkpoint_files.write_checkpoint` (atomic, with a sha256 sidecar that
+retention deletes with it, and that a resume verifies).
 
 A loop whose learner keeps working while it saves (off-policy) also supplies `start_checkpoint(name)`, which
 returns a `concurrent.futures.Future` of the path (a Ray ref's `.future()`): the periodic checkpoint is then
@@ -17,6 +19,7 @@ import logging
 import time
 from concurrent.futures import Future
 
+from rlfarm.checkpoint_files import remove_checkpoint
 from rlfarm.errors import Preempted
 from rlfarm.run import newest_checkpoint
 
@@ -84,7 +87,7 @@ class PeriodicCheckpoints:
         self._in_flight = None
         path = future.result()  # a save that raised fails the run, as it would have synchronously
         for old in sorted(self.run.checkpoint_dir.glob("step_*.pt"))[:-KEEP]:
-            old.unlink(missing_ok=True)
+            remove_checkpoint(old)  # with its .sha256
         log.info("checkpoint %s", path)
 
     def _after_update(self, updates: int, **checkpoint_args) -> None:

@@ -7,6 +7,8 @@ import random
 import numpy as np
 import torch
 
+from rlfarm.checkpoint_files import write_checkpoint
+
 
 def assigned_device() -> str:
     """cuda:0 when Ray gave this actor a GPU and CUDA is usable, else cpu (declared GPUs on a CPU machine)."""
@@ -31,8 +33,6 @@ def seed_everything(seed: int) -> None:
 
 
 def save_atomic(state: dict, path: str) -> str:
-    """torch.save to a temp file, then rename: a crash mid-write never leaves a half-written checkpoint."""
-    tmp = f"{path}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-    return path
+    """A checkpoint, whole or not at all, with its sha256 sidecar that resume and eval verify
+    (rlfarm/checkpoint_files.py)."""
+    return write_checkpoint(state, path)
