@@ -1,6 +1,7 @@
 """Start the off-policy roles as Ray actors where the topology placed them, and wire them together."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import ray
@@ -12,8 +13,11 @@ from rlfarm.roles.labeler import Labeler
 from rlfarm.roles.sac_learner import SACLearner
 from rlfarm.topology import PlacedTopology
 
+log = logging.getLogger("rlfarm")
+
 # Threaded actors: the long-running loop takes one thread, calls from peers (submit, ack, stats) the others.
 CONCURRENCY = 8
+FLIGHT_PER_BUS = 4  # transitions in flight per transition of the labelers' buses that keeps a frame farm busy
 
 
 @dataclass
@@ -37,6 +41,21 @@ def reward_inputs(reward_cfg: DictConfig) -> tuple[list[str], int | None]:
     return list(model.needs), model.frame_size
 
 
+def warn_if_the_farm_would_starve(cfg: DictConfig, runners: int, labelers: int) -> None:
+    """Runners stop at `credits` chunks in flight; a labeler fires a full bus. A chunk stays in flight from the runner
+    through a bus, the model and the learner's store until its ack, so the labelers see only part of what is in
+    flight: on 4x H200 they were 75 % busy with twice their buses in flight, 99.5 % with four times
+    (docs/benchmarks.md). Below four times, say so once, with the fix."""
+    algo = cfg.algo
+    in_flight = runners * int(cfg.env.get("num_envs", 1)) * int(algo.chunk_steps) * int(algo.credits)
+    buses = labelers * int(cfg.labeler.bus_items)
+    if in_flight < FLIGHT_PER_BUS * buses:
+        needed = -(-FLIGHT_PER_BUS * buses * int(algo.credits) // in_flight)
+        log.warning("at most %s transitions can be in flight (runners x env.num_envs x algo.chunk_steps x "
+                    "algo.credits) against %s in the labelers' buses: the reward model will wait for frames; "
+                    "set algo.credits=%d (or lower labeler.bus_items)", f"{in_flight:,}", f"{buses:,}", needed)
+
+
 def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_dir: str | None = None) -> OffPolicyRoles:
     plan, algo = placed.plan, cfg.algo
     # Runners and labelers hold nothing that cannot be rebuilt: Ray restarts them (constructor again) and the
@@ -44,6 +63,8 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
     restartable = {"max_restarts": int(cfg.run.max_restarts), "max_task_retries": 0}
     as_dict = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731 - plain dicts travel to actors
     needs, frame_size = reward_inputs(cfg.reward)
+    if "frames" in needs:
+        warn_if_the_farm_would_starve(cfg, len(plan.of("env_runner")), len(plan.of("labeler")))
     spaces = env_spaces(as_dict(cfg.env))  # before any actor: a bad env fails here, in one line
     (learner_place,) = plan.of("learner")  # started first: it takes longest to build
     learner = ray.remote(SACLearner).options(**placed.options(learner_place), max_concurrency=CONCURRENCY).remote(
