@@ -1,10 +1,12 @@
 """Ray session for one rlfarm command: join a cluster or start a private local one, after checking
 that it can hold the topology. A local cluster listens on 127.0.0.1 only and runs no dashboard
-unless asked; Ray's token auth stays as Ray sets it."""
+unless asked; Ray's token auth stays as Ray sets it. A cluster to join is probed first (`cluster_address`,
+also the commands' preflight), so a wrong address costs seconds and one line instead of Ray's retries."""
 from __future__ import annotations
 
 import logging
 import os
+import socket
 from contextlib import contextmanager
 
 from omegaconf import DictConfig
@@ -26,6 +28,70 @@ def _loopback_only(ray) -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+# How long `ray.address` may take to answer: a cluster's GCS answers in milliseconds, while ray.init on an
+# address where no GCS listens retries for ~80 s (minutes where another server listens) and prints its client log.
+CONNECT_TIMEOUT_S = 3.0
+NO_CLUSTER_FIX = ("start the cluster there with `ray start --head --port=<port>`, fix ray.address, "
+                  "or leave ray.address=null for a private local cluster")
+# A GCS (and a Ray client server) speaks gRPC: HTTP/2 without TLS. Sent the client preface and an empty SETTINGS
+# frame, it answers with its own SETTINGS frame; an HTTP/1 server (the dashboard's port, a typo) does not.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+HTTP2_SETTINGS = 4  # frame type, the 4th byte of a frame header
+
+
+def cluster_address(address: str) -> str:
+    """The address to hand ray.init for `ray.address`, after checking in seconds that a Ray cluster answers
+    there: ConfigError (one line) otherwise. `auto` is looked up as Ray does (RAY_ADDRESS, then the cluster
+    `ray start` started on this machine); `ray://host:port` (Ray client) is probed at host:port."""
+    resolved = _auto_address() if address == "auto" else address
+    problem = _grpc_problem(*_host_port(resolved))
+    if problem:
+        where = f"ray.address={address}" if resolved == address else f"{resolved} (ray.address={address})"
+        raise ConfigError(f"no Ray cluster answers at {where}: {problem}", NO_CLUSTER_FIX)
+    return resolved
+
+
+def _grpc_problem(host: str, port: int) -> str | None:
+    """Why no gRPC server answers at host:port within CONNECT_TIMEOUT_S, or None when one does."""
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S) as connection:
+            connection.sendall(HTTP2_PREFACE)
+            header = b""
+            while len(header) < 9 and (part := connection.recv(9 - len(header))):
+                header += part
+    except socket.timeout:
+        return f"no answer in {CONNECT_TIMEOUT_S:g} s"
+    except socket.gaierror:
+        return "unknown host"
+    except OSError as error:
+        return (error.strerror or str(error)).lower()
+    if len(header) < 4 or header[3] != HTTP2_SETTINGS:
+        return "something listens there, but it is not a Ray GCS (the dashboard's port?)"
+    return None
+
+
+def _auto_address() -> str:
+    from ray._private.services import get_ray_address_from_environment
+
+    try:
+        found = get_ray_address_from_environment("auto", None)
+    except ConnectionError:
+        found = None
+    if not found:
+        raise ConfigError("ray.address=auto found no running Ray cluster on this machine",
+                          "start one with `ray start --head`, set ray.address=<host:port>, "
+                          "or leave ray.address=null for a private local cluster")
+    return found
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"ray.address={address} is not host:port",
+                          "set ray.address=<head node>:<GCS port> (ray start prints it, e.g. 10.0.0.1:6379), or auto")
+    return host.strip("[]"), int(port)  # [::1]:6379 is IPv6
+
+
 @contextmanager
 def ray_session(ray_cfg: DictConfig, plan: Plan):
     import ray
@@ -35,7 +101,7 @@ def ray_session(ray_cfg: DictConfig, plan: Plan):
     # Token auth stays on (Ray's default); its notice on every start is noise for a local private cluster.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if ray_cfg.address:
-        ray.init(address=ray_cfg.address, logging_level=logging.WARNING, log_to_driver=True)
+        ray.init(address=cluster_address(str(ray_cfg.address)), logging_level=logging.WARNING, log_to_driver=True)
         try:
             check_cluster(plan, ray.cluster_resources())
         except Exception:
@@ -51,7 +117,8 @@ def ray_session(ray_cfg: DictConfig, plan: Plan):
                 raise ConfigError("ray.dashboard=true needs Ray's dashboard packages",
                                   "pip install 'ray[default]', or leave ray.dashboard=false")
         _loopback_only(ray)
-        ray.init(num_cpus=int(available["CPU"]) if float(available["CPU"]).is_integer() else available["CPU"],
+        # address="local": a private cluster even where RAY_ADDRESS is set (ray.init would join that one)
+        ray.init(address="local", num_cpus=int(available["CPU"]) if float(available["CPU"]).is_integer() else available["CPU"],
                  num_gpus=int(available["GPU"]), include_dashboard=bool(ray_cfg.dashboard),
                  _node_ip_address="127.0.0.1", logging_level=logging.WARNING, log_to_driver=True,
                  configure_logging=True)

@@ -4,13 +4,16 @@ The config is plain Hydra: conf/ holds one directory per choice, and the schemas
 keys, so Hydra refuses a wrong type, choice or key while it composes (`compose` turns its exceptions into a
 ConfigError from their fields) and each schema's `__post_init__` checks ranges (`check_schema_ranges`). `validate`
 adds what no single config group can say: the rules across groups (an algo family and its env, reward, model
-and topology) and the paths a config names (files, model folders, `_target_`s).
+and topology) and the paths a config names (files and model folders, declared in rlfarm.schemas.PATH_SETTINGS;
+`_target_`s). `check_known_keys` refuses what Hydra lets through: a key added with `+` that nothing reads.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import importlib
+import inspect
 import json
 import os
 import tempfile
@@ -21,8 +24,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-import rlfarm.schemas  # noqa: F401 - stores the schemas the conf/ files name in Hydra's ConfigStore
 from rlfarm.errors import ConfigError
+# importing rlfarm.schemas also stores the schemas the conf/ files name in Hydra's ConfigStore
+from rlfarm.schemas import FREE_FORM_KEYS, PATH_SETTINGS, PathKind
 from rlfarm.settings import RangeError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -90,8 +94,16 @@ def _explain(error: Exception) -> ConfigError:
         hint = f"did you mean {group}={close[0]}? " if close else ""
         return ConfigError(f"unknown {group} '{option}'", f"{hint}choose one of: {', '.join(options)}")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
-        return ConfigError(f"unknown config key '{cause.full_key}'", "check the spelling (rlfarm train --cfg job lists "
-                           f"every key), or add a new key with +{cause.full_key}=...")
+        siblings = sorted(map(str, cause.parent_node.keys())) if isinstance(cause.parent_node, DictConfig) else []
+        close = difflib.get_close_matches(str(cause.key), siblings, n=1)
+        parent = cause.full_key.rpartition(".")[0]
+        if close:
+            hint = f"did you mean {parent + '.' if parent else ''}{close[0]}?"
+        elif parent in FREE_FORM_KEYS or not parent:  # new keys are welcome there, with '+'
+            hint = f"{'a note of your own' if not parent else 'a new key there'} needs a '+': +{cause.full_key}=..."
+        else:
+            hint = "check the spelling"
+        return ConfigError(f"unknown config key '{cause.full_key}'", f"{hint} (`rlfarm train --cfg job` lists every key)")
     if isinstance(cause, ValidationError) and cause.full_key and is_dataclass(cause.object_type):
         expected, example = _expected(cause.object_type, str(cause.key))
         return ConfigError(f"{cause.full_key} must be {expected}, got {cause.value!r}",
@@ -159,7 +171,7 @@ def validate(cfg: DictConfig) -> None:
     if missing:
         raise ConfigError(f"{missing[0]} is required but not set", f"pass {missing[0]}=<value> on the command line")
     check_schema_ranges(cfg)
-    check_local_paths(cfg)
+    check_paths(cfg)
     if cfg.algo.family == "offpolicy":
         check_env_id(str(cfg.env.id))
     if cfg.algo.family == "onpolicy_env":
@@ -225,9 +237,6 @@ def check_text_policy(cfg: DictConfig) -> None:
         raise ConfigError(f"algo={cfg.algo.name} needs one language model: model.config (build) or model.source "
                           f"(load), {'not both' if source is not None else 'found neither'}",
                           "use model=tiny_lm, or model=hf_lm model.source=<hub id or folder>")
-    if source is not None and _looks_local(str(source)) and not os.path.isdir(os.path.expanduser(str(source))):
-        raise ConfigError(f"model.source: no such folder '{source}'",
-                          "set model.source=<a folder written by save_pretrained> or a hub id like Qwen/Qwen2.5-0.5B")
     learner = cfg.topology.roles.learner
     if cfg.algo.advantage == "gae" and (int(learner.get("count", 1)) > 1 or float(learner.get("gpus", 0)) > 1):
         raise ConfigError(f"algo.advantage=gae trains its critic on one learner rank, but topology={cfg.topology.name} "
@@ -346,6 +355,99 @@ def locate_problem(target: str) -> str | None:
     return None
 
 
+# ---- keys nothing reads: Hydra's `+key=value` adds a key even to a schema node, where a typo would be ignored
+
+HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Every key of a freshly composed train config is one that something reads: a schema's field, an argument
+    of a `_target_`, a key some option of its config group sets, or one inside a free-form dict (a schema's
+    Any-typed dict, rlfarm.schemas.FREE_FORM_KEYS). A new top-level key is the user's own note (kept in
+    config.yaml, read by nothing), unless it is a near miss of a setting."""
+    settings = _schema_fields(OmegaConf.get_type(cfg))
+    for key in cfg:
+        if key not in settings:
+            close = difflib.get_close_matches(str(key), sorted(settings), n=1, cutoff=0.8)
+            if close:
+                raise ConfigError(f"unknown key '{key}': nothing reads it", f"did you mean {close[0]}? (a note of "
+                                  "your own, kept in config.yaml, needs a name unlike any setting)")
+            continue
+        child = cfg._get_node(key)
+        if isinstance(child, DictConfig):
+            _check_keys(child, str(key), free=str(key) not in group_names())
+
+
+def _check_keys(node: DictConfig, path: str, free: bool) -> None:
+    """Refuse a key of `node` (at `path`) that nothing reads; `free`: a plain dict here holds data, not settings."""
+    schema = OmegaConf.get_type(node)
+    if is_dataclass(schema):
+        readable = _schema_fields(schema)
+    elif "_target_" in node:  # its arguments, and what conf/ sets there (a role may pop a key before instantiating)
+        arguments = _target_arguments(node._get_node("_target_")._value())
+        readable = None if arguments is None else arguments | _group_keys().get(path, set())
+    else:
+        readable = None if free or path in FREE_FORM_KEYS else _group_keys().get(path)
+    if readable is None:
+        return
+    for key in node:
+        if key not in readable:
+            known = sorted(readable - HYDRA_KEYS)
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {path}.{close[0]}?" if close else f"the keys of {path} are {', '.join(known)};"
+            raise ConfigError(f"unknown key '{path}.{key}': nothing reads it", f"{hint} drop it or fix its spelling")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):  # a _target_'s arguments and a schema's Any-typed dicts are data
+            _check_keys(child, f"{path}.{key}", free="_target_" in node or is_dataclass(schema))
+
+
+def _schema_fields(schema: type) -> set[str]:
+    return {field.name for field in dataclasses.fields(schema)}
+
+
+def _target_arguments(target) -> set[str] | None:
+    """The keyword arguments `target` takes (with Hydra's own keys); None: any (**kwargs, or not locatable)."""
+    if not isinstance(target, str) or "${" in target or locate_problem(target):
+        return None
+    from hydra.utils import get_object
+
+    try:
+        parameters = inspect.signature(get_object(target)).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin)
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters} | HYDRA_KEYS
+
+
+@functools.lru_cache(maxsize=None)
+def group_names() -> frozenset[str]:
+    return frozenset(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("experiment", "hydra"))
+
+
+@functools.lru_cache(maxsize=None)
+def _group_keys() -> dict[str, set[str]]:
+    """dotted path → the keys some option of a config group (or an experiment) sets there, e.g. "topology.roles"
+    → {learner, env_runner, labeler, engine}: the settings of groups that have no schema."""
+    keys: dict[str, set[str]] = {}
+
+    def collect(node, path: str) -> None:
+        if isinstance(node, dict):
+            keys.setdefault(path, set()).update(str(key) for key in node if key != "defaults")
+            for key, value in node.items():
+                collect(value, f"{path}.{key}")
+
+    for folder in (*group_names(), "experiment"):
+        for option in (CONF_DIR / folder).glob("*.yaml"):
+            tree = OmegaConf.to_container(OmegaConf.load(option), resolve=False)
+            if option.read_text().startswith("# @package _global_"):  # sets keys of several groups
+                for group in group_names() & set(tree):
+                    collect(tree[group], group)
+            else:
+                collect(tree, folder)
+    return keys
+
+
 # ---- paths the user names: checked here rather than where a labeler or Hydra first opens them
 
 
@@ -353,16 +455,33 @@ def _looks_local(value: str) -> bool:
     return os.path.isabs(value) or value.startswith((".", "~"))
 
 
-def check_local_paths(cfg: DictConfig) -> None:
-    """A reward model given as a local path must exist: the labeler would only find out after Ray started."""
-    model = OmegaConf.select(cfg, "reward.model", default=None)
-    if isinstance(model, str) and _looks_local(model) and not os.path.exists(os.path.expanduser(model)):
-        raise ConfigError(f"reward.model: no such file or folder '{model}'",
-                          "set reward.model=<an existing local folder (save_pretrained)> or a hub id like org/name")
-    checkpoint = OmegaConf.select(cfg, "reward.checkpoint", default=None)
-    if isinstance(checkpoint, str) and not os.path.isfile(os.path.expanduser(checkpoint)):
-        raise ConfigError(f"reward.checkpoint: no such file '{checkpoint}'",
-                          "set reward.checkpoint=<an existing file> or reward.checkpoint=null")
+def check_paths(cfg: DictConfig) -> None:
+    """Every setting that names a file or model (rlfarm.schemas.PATH_SETTINGS) names one of the right kind:
+    a role that cannot open it would only die after Ray started."""
+    for key, setting in PATH_SETTINGS.items():
+        value = OmegaConf.select(cfg, key, default=None)
+        problem = None if value is None else path_problem(str(value), setting.kind)
+        if problem:
+            raise ConfigError(f"{key}: {problem}", f"set {key}=<{setting.wanted}>")
+
+
+def path_problem(value: str, kind: PathKind) -> str | None:
+    """Why `value` is not a `kind` (None when it is). A hub id (org/name, not local-looking) passes for a model."""
+    if not value.strip():
+        return f"blank ({value!r})"
+    path = Path(os.path.expanduser(value))
+    if kind is PathKind.file:
+        if not path.exists():
+            return f"no such file '{value}'"
+        if not path.is_file():
+            return f"'{value}' is a folder, not a file" if path.is_dir() else f"'{value}' is not a regular file"
+        return f"'{value}' is an empty file" if path.stat().st_size == 0 else None
+    if path.is_dir():
+        return None if (path / "config.json").is_file() else \
+            f"'{value}' has no config.json (not a folder written by save_pretrained)"
+    if path.exists():
+        return f"'{value}' is a file, not a model folder"
+    return f"no such folder '{value}'" if _looks_local(value) or value.count("/") > 1 else None  # hub id: org/name
 
 
 def check_output_dir(key: str, value: str) -> None:

@@ -208,6 +208,37 @@ class TrainSchema(Ranged):
     run: RunSchema
 
 
+class PathKind(Enum):
+    file = "file"  # a non-empty file
+    model = "model"  # a folder written by save_pretrained (has config.json), or a hub id like org/name
+
+
+@dataclass(frozen=True)
+class PathSetting:
+    kind: PathKind
+    wanted: str  # what the fix asks for
+
+
+# Settings that name something on disk, and what each must be. rlfarm.config.check_paths checks them before
+# anything starts: a role that cannot open its model or file dies only after Ray started, in a wall of log.
+PATH_SETTINGS = {
+    "reward.model": PathSetting(PathKind.model, "a model folder written by save_pretrained, or a hub id like "
+                                                "openai/clip-vit-base-patch16"),  # reward=clip, HF reward models
+    "reward.checkpoint": PathSetting(PathKind.file, "a state_dict or TorchScript file, or null"),  # reward=model
+    "model.source": PathSetting(PathKind.model, "a folder written by save_pretrained, or a hub id like "
+                                                "Qwen/Qwen2.5-0.5B"),  # model=hf_lm|hf_vla (a VLA: a folder only)
+    "env.path": PathSetting(PathKind.file, "a .jsonl or .parquet file of question/answer records"),  # env=prompts
+}
+
+# Nodes of groups without a schema whose keys are data, not rlfarm settings, so any key may be added with `+`
+# (rlfarm.config.check_known_keys). A schema's Any-typed dict (env.kwargs of gymnasium envs) is free-form too.
+FREE_FORM_KEYS = ("env.kwargs",  # the env's constructor arguments (ManiSkill, SAPIEN)
+                  "model.config",  # an HF model config (model_type, hidden_size, ...)
+                  "model.lora",  # LoRA's arguments (r, alpha, target_modules, ...)
+                  "topology.pools",  # pool names are the topology's own
+                  "logger.wandb")  # wandb.init's keyword arguments
+
+
 ALGO_SCHEMAS = {"sac": SACSchema, "ppo": PPOSchema, "grpo": GRPOSchema, "ppo_lm": PPOLMSchema,
                 "grpo_vla": GRPOVLASchema}
 

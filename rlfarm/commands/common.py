@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlfarm.config import CONF_DIR, check_output_dir, compose, sweep_variants, validate
+from rlfarm.cluster import cluster_address
+from rlfarm.config import CONF_DIR, check_known_keys, check_output_dir, compose, sweep_variants, validate
 from rlfarm.topology import check_cluster, local_resources, plan_topology
 
 MULTIRUN_FLAGS = {"-m", "--multirun"}
@@ -23,6 +24,7 @@ def compose_checked(config_name: str, args: list[str]) -> DictConfig:
     configs = [compose(config_name, variant) for variant in variants]
     for cfg in configs:
         validate(cfg)
+        check_known_keys(cfg)
     check_output_dir(*output_dir(config_name, args, multirun))
     return configs[0]  # the first sweep point (or the only config): composed once, not again
 
@@ -47,6 +49,12 @@ def launches_elsewhere(args: list[str]) -> bool:
 
 
 def check_local_cluster(cfg: DictConfig, args: list[str]) -> None:
+    """The topology fits the private local cluster, or a cluster listens at ray.address (checked in seconds;
+    the cluster's size is checked once joined). Skipped for a sweep sent to other machines."""
     plan = plan_topology(cfg.topology, cfg.algo.family)
-    if not cfg.ray.address and not launches_elsewhere(args):
+    if launches_elsewhere(args):
+        return
+    if cfg.ray.address:
+        cluster_address(str(cfg.ray.address))
+    else:
         check_cluster(plan, local_resources(cfg.ray.num_cpus, cfg.ray.num_gpus))

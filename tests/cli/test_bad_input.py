@@ -7,12 +7,21 @@ input is known to be good. Most rows run `rlfarm.cli.main` in this process (the 
 subprocess, as a user runs it, and must also be quick: 5 s on an idle machine, 15 s asserted because CI shares
 its cores. Each subprocess is a cold import of Hydra, gymnasium (and torch for a `_target_`): seconds each.
 """
+import threading
 import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from omegaconf import OmegaConf
 
 from helpers import rlfarm
 from rlfarm import cli
+from rlfarm.cluster import cluster_address, ray_session
+from rlfarm.errors import ConfigError
+from rlfarm.topology import plan_topology
+
+LOCAL_PLAN = plan_topology({"name": "tiny", "roles": {role: {"count": 1, "cpus": 0.1}
+                                                     for role in ("learner", "env_runner", "labeler")}})
 
 
 def _gpu_count() -> int:
@@ -36,10 +45,29 @@ CASES = [
     pytest.param(["train", "logger=nonee"], "did you mean logger=none?", id="unknown-logger"),
     # unknown keys
     pytest.param(["train", "nope_key=1"], "unknown config key 'nope_key'", id="unknown-top-level-key"),
-    pytest.param(["train", "algo.lrr=1e-3"], "unknown config key 'algo.lrr'", id="unknown-nested-key"),
+    pytest.param(["train", "algo.lrr=1e-3"], "unknown config key 'algo.lrr' — did you mean algo.lr?",
+                 id="unknown-nested-key"),
     pytest.param(["train", "+algo.lr=1e-3"], "drop the '+': algo.lr=", id="plus-on-existing-key"),
     pytest.param(["train", "+algo=sac"], "drop the '+': algo=", id="plus-on-chosen-group"),
     pytest.param(["train", "+env=cartpole"], "drop the '+': env=", id="plus-on-another-group-option"),
+    # keys added with '+' that nothing reads: a schema's field, a _target_'s argument or a group's own key is
+    # named instead (a new top-level key is the user's note, unless it is a near miss of a setting)
+    pytest.param(["train", "+algo.bogus=1"], "unknown key 'algo.bogus': nothing reads it — the keys of algo are "
+                 "actor_lr, agent, batch_size", id="plus-key-unknown-to-the-algo-schema"),
+    pytest.param(["train", "+run.typo=3"], "unknown key 'run.typo': nothing reads it — the keys of run are",
+                 id="plus-key-unknown-to-the-run-schema"),
+    pytest.param(["train", "+env.kwargz={}"], "unknown key 'env.kwargz': nothing reads it — did you mean env.kwargs?",
+                 id="plus-key-typo-in-the-env-schema"),
+    pytest.param(["train", "+algo.agent.gama=0.9"], "unknown key 'algo.agent.gama': nothing reads it — did you mean "
+                 "algo.agent.gamma?", id="plus-key-not-an-argument-of-the-target"),
+    pytest.param(["train", "reward=model", "+reward.module.scal=2"], "did you mean reward.module.scale?",
+                 id="plus-key-not-an-argument-of-the-reward-module"),
+    pytest.param(["train", "+topology.roles.learner.cpuss=1"], "did you mean topology.roles.learner.cpus?",
+                 id="plus-key-unknown-to-the-topology"),
+    pytest.param(["train", "experiment=grpo_digits", "+env.num_digitz=5"], "did you mean env.num_digits?",
+                 id="plus-key-unknown-to-a-group-without-schema"),
+    pytest.param(["train", "+seeds=3"], "unknown key 'seeds': nothing reads it — did you mean seed?",
+                 id="plus-top-level-near-miss"),
     # wrong types
     pytest.param(["train", "algo.lr=abc"], "algo.lr must be a number, got 'abc'", id="lr-not-a-number"),
     pytest.param(["train", "total_env_steps=ten"], "total_env_steps must be an integer", id="steps-a-word"),
@@ -61,6 +89,17 @@ CASES = [
                  id="runner-count-negative"),
     pytest.param(["train", "topology.roles.labeler.count=0"], "topology.roles.labeler.count must be at least 1",
                  id="labeler-count-zero"),
+    # a cluster that is not there: a probe of ray.address (gRPC handshake) fails in seconds; Ray retries ~80 s
+    pytest.param(["train", "ray.address=127.0.0.1:1"], "no Ray cluster answers at ray.address=127.0.0.1:1: connection "
+                 "refused — start the cluster there with `ray start --head", id="ray-address-nothing-listens"),
+    pytest.param(["plan", "ray.address=127.0.0.1:1"], "no Ray cluster answers at ray.address=127.0.0.1:1",
+                 id="plan-ray-address-nothing-listens"),
+    pytest.param(["train", "ray.address=ray://127.0.0.1:1"], "no Ray cluster answers at ray.address=ray://127.0.0.1:1",
+                 id="ray-client-address-nothing-listens"),
+    pytest.param(["train", "ray.address=auto"], "no Ray cluster answers at 127.0.0.1:1 (ray.address=auto)",
+                 id="ray-address-auto-nothing-listens"),  # RAY_ADDRESS=127.0.0.1:1 (ROW_ENV)
+    pytest.param(["train", "ray.address=localhost"], "ray.address=localhost is not host:port — set ray.address=",
+                 id="ray-address-without-port"),
     # a topology the cluster cannot hold: fails before Ray starts instead of waiting forever
     pytest.param(["train", "topology=split_1_3"], "needs 4 GPUs but the cluster has", id="gpus-beyond-cluster",
                  marks=NEEDS_FEWER_THAN_4_GPUS),
@@ -71,10 +110,36 @@ CASES = [
     pytest.param(["train", "topology.roles.learner.gpus=1.5"], "a share above 1 GPU must be whole", id="gpu-share-1.5"),
     # mandatory values and the things they name
     pytest.param(["train", "reward=clip"], "reward.model is required but not set", id="clip-without-model"),
+    # paths (rlfarm.schemas.PATH_SETTINGS): blank, missing, the wrong kind of thing
+    pytest.param(["train", "reward=clip", "reward.model="], "reward.model: blank ('') — set reward.model=<",
+                 id="clip-model-blank"),
     pytest.param(["train", "reward=clip", "reward.model=/nonexistent/clip"],
-                 "reward.model: no such file or folder '/nonexistent/clip'", id="clip-model-path-missing"),
+                 "reward.model: no such folder '/nonexistent/clip'", id="clip-model-path-missing"),
+    pytest.param(["train", "reward=clip", "reward.model=models/vit/clip"], "reward.model: no such folder "
+                 "'models/vit/clip'", id="clip-model-relative-path-missing"),  # two '/': no hub id
+    pytest.param(["train", "reward=clip", "reward.model={tmp}/a_file"], "/a_file' is a file, not a model folder",
+                 id="clip-model-a-file"),
+    pytest.param(["train", "reward=clip", "reward.model={tmp}/empty_dir"],
+                 "/empty_dir' has no config.json (not a folder written by save_pretrained)", id="clip-model-empty-folder"),
     pytest.param(["train", "reward=model", "reward.checkpoint={tmp}/no_such.pt"], "reward.checkpoint: no such file",
                  id="reward-checkpoint-missing"),
+    pytest.param(["train", "reward=model", "reward.checkpoint={tmp}/empty_dir"], "/empty_dir' is a folder, not a file",
+                 id="reward-checkpoint-a-folder"),
+    pytest.param(["train", "reward=model", "reward.checkpoint={tmp}/empty.pt"], "/empty.pt' is an empty file",
+                 id="reward-checkpoint-empty-file"),
+    pytest.param(["train", "experiment=grpo_prompts", "model.source={tmp}/a_file", "env.path={tmp}/a_file"],
+                 "model.source: '{tmp}/a_file' is a file, not a model folder", id="lm-source-a-file"),
+    pytest.param(["train", "experiment=grpo_prompts", "model.source=Qwen/Qwen2.5-0.5B", "env.path="],
+                 "env.path: blank ('') — set env.path=<a .jsonl or .parquet file", id="prompt-file-blank"),
+    pytest.param(["train", "experiment=grpo_prompts", "model.source=Qwen/Qwen2.5-0.5B", "env.path={tmp}/empty_dir"],
+                 "env.path: '{tmp}/empty_dir' is a folder, not a file", id="prompt-file-a-folder"),
+    pytest.param(["train", "experiment=grpo_prompts", "model.source=Qwen/Qwen2.5-0.5B", "env.path={tmp}/empty.pt"],
+                 "env.path: '{tmp}/empty.pt' is an empty file", id="prompt-file-empty"),
+    pytest.param(["train", "experiment=simplevla", "model=hf_vla", "model.source={tmp}/a_file"],
+                 "model.source: '{tmp}/a_file' is a file, not a model folder", id="vla-source-a-file"),
+    pytest.param(["train", "resume="], "resume= is not a run directory", id="resume-blank"),
+    pytest.param(["eval", "run_dir="], "'' is not a run directory", id="eval-run-dir-blank"),
+    pytest.param(["report", "path="], "no run under ''", id="report-path-blank"),
     pytest.param(["train", "env.id=HalfCheeta-v5"], "did you mean HalfCheetah-v5", id="env-id-typo"),
     pytest.param(["train", "reward._target_=nope.Nope"], "reward._target_='nope.Nope' cannot be imported",
                  id="reward-target-unknown-module"),
@@ -128,8 +193,12 @@ CASES = [
 
 
 # Rows that also run as a subprocess: a bad choice, an unknown key, a `_target_` typo (its module is imported:
-# torch), a topology bigger than this machine (the cluster check).
-SUBPROCESS_ROWS = {"unknown-env", "unknown-top-level-key", "reward-target-typo", "gpus-beyond-cluster"}
+# torch), a topology bigger than this machine (the cluster check), a cluster address where nothing listens.
+SUBPROCESS_ROWS = {"unknown-env", "unknown-top-level-key", "reward-target-typo", "gpus-beyond-cluster",
+                   "ray-address-nothing-listens"}
+# Environment a row runs in: `auto` finds its address in RAY_ADDRESS before it looks for a local cluster (other
+# Ray sessions on this machine would be found), so the row names one where nothing listens.
+ROW_ENV = {"ray-address-auto-nothing-listens": {"RAY_ADDRESS": "127.0.0.1:1"}}
 IN_PROCESS = [case for case in CASES if case.id not in SUBPROCESS_ROWS]
 IN_SUBPROCESS = [case for case in CASES if case.id in SUBPROCESS_ROWS]
 
@@ -137,6 +206,8 @@ IN_SUBPROCESS = [case for case in CASES if case.id in SUBPROCESS_ROWS]
 def command_line(args: list[str], tmp_path) -> list[str]:
     """The row's arguments, with Hydra's run and sweep folders inside tmp_path (where the test looks for them)."""
     (tmp_path / "a_file").write_text("not a folder\n")
+    (tmp_path / "empty_dir").mkdir()
+    (tmp_path / "empty.pt").touch()
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     if args[0] in ("train", "plan"):
         args += [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
@@ -144,23 +215,26 @@ def command_line(args: list[str], tmp_path) -> list[str]:
     return args
 
 
-def assert_one_clear_line(stderr: str, needle: str) -> None:
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, stderr[-2000:]
+def assert_one_clear_line(stdout: str, stderr: str, needle: str) -> None:
+    lines = [line for line in (stdout + stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and not stdout.strip(), (stdout + stderr)[-2000:]
     assert lines[0].startswith("error: ") and " — " in lines[0], lines[0]  # problem — fix
     assert needle in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("args, needle", IN_PROCESS)
-def test_bad_input_is_refused_before_hydra_runs(tmp_path, monkeypatch, capsys, args, needle):
-    args = command_line(args, tmp_path)
+def test_bad_input_is_refused_before_hydra_runs(request, tmp_path, monkeypatch, capsys, args, needle):
+    args, needle = command_line(args, tmp_path), needle.replace("{tmp}", str(tmp_path))
     before = set(tmp_path.iterdir())
     monkeypatch.chdir(tmp_path)
+    for name, value in ROW_ENV.get(request.node.callspec.id, {}).items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setattr(cli, "run_hydra_app", lambda *_: pytest.fail("the preflight let this through"))
     with pytest.raises(SystemExit) as exited:
         cli.main(args)
     assert exited.value.code == 2
-    assert_one_clear_line(capsys.readouterr().err, needle)
+    captured = capsys.readouterr()
+    assert_one_clear_line(captured.out, captured.err, needle)
     assert set(tmp_path.iterdir()) == before, sorted(p.name for p in set(tmp_path.iterdir()) - before)
 
 
@@ -173,7 +247,52 @@ def test_bad_input_is_one_clear_line_and_leaves_nothing(tmp_path, args, needle):
     elapsed = time.monotonic() - started
 
     assert out.returncode == 2, out.stderr[-2000:]
-    assert_one_clear_line(out.stderr, needle)
+    assert "Traceback" not in out.stderr
+    assert_one_clear_line(out.stdout, out.stderr, needle)
     assert elapsed < 15, f"took {elapsed:.1f} s"  # 5 s on an idle machine; CI shares its cores
     assert not (tmp_path / "run" / "summary.json").exists()
     assert set(tmp_path.iterdir()) == before, sorted(p.name for p in set(tmp_path.iterdir()) - before)
+
+
+@pytest.mark.parametrize("args", [
+    pytest.param(["+note=baseline"], id="top-level-note"),
+    pytest.param(["+env.kwargs.max_episode_steps=50"], id="free-form-env-kwargs"),
+    pytest.param(["+topology.pools.spare.gpus=0"], id="pool-of-ones-own"),
+    pytest.param(["algo.agent._target_=rlfarm.algos.stalling.StallingAgent", "+algo.agent.stall_at=5"],
+                 id="argument-of-a-target-with-kwargs"),
+    pytest.param(["reward=clip", "reward.model=openai/clip-vit-base-patch16"], id="hub-id"),
+    pytest.param(["reward=model", "reward.checkpoint={tmp}/a_file"], id="checkpoint-file"),
+])
+def test_what_something_reads_passes_the_preflight(tmp_path, monkeypatch, args):
+    """The other side of the table: keys and paths that are right must not be refused."""
+    started = []
+    monkeypatch.setattr(cli, "run_hydra_app", lambda *_: started.append(True))
+    cli.main(command_line(["train", *args], tmp_path))
+    assert started
+
+
+def test_ray_session_on_an_address_where_nothing_listens_fails_without_starting_ray():
+    """Inside a Slurm job (no preflight ran there) the run's own Ray session checks the address the same way."""
+    import ray
+
+    cfg = OmegaConf.create({"address": "127.0.0.1:1", "num_cpus": None, "num_gpus": None, "dashboard": False})
+    with pytest.raises(ConfigError, match="no Ray cluster answers at ray.address=127.0.0.1:1"):
+        with ray_session(cfg, LOCAL_PLAN):
+            pytest.fail("joined a cluster that is not there")
+    assert not ray.is_initialized()
+
+
+def test_the_address_probe_tells_a_ray_gcs_from_another_server():
+    """A typo'd port may hit another server (the dashboard's HTTP port): ray.init would wait there for minutes."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(ConfigError, match="something listens there, but it is not a Ray GCS"):
+            cluster_address(f"127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    local = OmegaConf.create({"address": None, "num_cpus": 1, "num_gpus": 0, "dashboard": False})
+    with ray_session(local, LOCAL_PLAN) as ray:
+        gcs = ray.get_runtime_context().gcs_address
+        assert cluster_address(gcs) == gcs

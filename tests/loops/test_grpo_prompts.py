@@ -91,6 +91,7 @@ def test_bad_prompt_input_is_one_line_and_leaves_no_run_dir(tmp_path, lm_folder,
     (tmp_path / "bad.jsonl").write_text(json.dumps({"question": "q", "solution": "#### 1"}) + "\n")
     (tmp_path / "no-template").mkdir()  # a saved tokenizer whose config has no chat template
     (tmp_path / "no-template" / "tokenizer_config.json").write_text(json.dumps({"chat_template": None}))
+    (tmp_path / "no-template" / "config.json").write_text("{}")  # a model folder: the path check lets it through
     for key, value in {"{tmp}": str(tmp_path), "{data}": prompt_file, "{model}": lm_folder}.items():
         args, needle = [a.replace(key, value) for a in args], needle.replace(key, value)
     out = train(tmp_path / "run", "algo=grpo", "topology=local_llm", "reward=verifier", "env=prompts", "model=hf_lm",
