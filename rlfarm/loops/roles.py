@@ -8,6 +8,7 @@ import ray
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rlfarm.loops.supervision import RoleUnresponsive
 from rlfarm.roles.env_runner import EnvRunner, env_spaces
 from rlfarm.roles.labeler import Labeler
 from rlfarm.roles.sac_learner import SACLearner
@@ -81,7 +82,20 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
             p.index, as_dict(cfg.reward), int(cfg.labeler.bus_items), float(cfg.labeler.bus_timeout_s), p.threads,
             quarantine_dir)
         for p in plan.of("labeler")]
-    ray.get([learner.set_runners.remote(runners)]
-            + [r.set_labelers.remote(labelers) for r in runners]
-            + [l.set_learner.remote(learner) for l in labelers])
+    wired = {"learner": learner.set_runners.remote(runners),
+             **{f"env_runner {i}": r.set_labelers.remote(labelers) for i, r in enumerate(runners)},
+             **{f"labeler {i}": l.set_learner.remote(learner) for i, l in enumerate(labelers)}}
+    wait_until_started(wired, float(cfg.run.restart_timeout_s))
     return OffPolicyRoles(learner, runners, labelers)
+
+
+def wait_until_started(calls: dict[str, ray.ObjectRef], timeout_s: float) -> None:
+    """Each role's first call returns once its constructor has run (model loaded, env made). A constructor that
+    raised raises here; one that never returns (a wedged GPU, a stuck download) is named instead of waited for."""
+    ready, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=timeout_s)
+    ray.get(ready)
+    late = [name for name, ref in calls.items() if ref not in ready]
+    if late:
+        named = ", ".join(late[:4]) + (f" and {len(late) - 4} more" if len(late) > 4 else "")
+        raise RoleUnresponsive(f"{named} did not finish starting within run.restart_timeout_s={timeout_s:g} s "
+                               "(a model load or compile that hangs?); raise run.restart_timeout_s if it needs longer")

@@ -29,11 +29,12 @@ class FaultyReward(RewardModel):
     poison_env_reward_above: any batch holding a transition whose env reward exceeds this fails every time
     (a persistent fault tied to the data: only quarantine gets rid of it).
     heal_on_restart: a labeler process that Ray restarted (after a death or a kill) never fails: the fault lived
-    in the old process. Counts are per process: a restarted labeler counts its calls from zero."""
+    in the old process. Counts are per process: a restarted labeler counts its calls from zero.
+    setup_hang_s: setup sleeps this long first (a model load that hangs: the driver names the labeler)."""
 
     def __init__(self, inner: dict, mode: str = "raise", fail_every: int = 0, fail_times: int = 1,
                  poison_env_reward_above: float | None = None, frame_size: int | None = None,
-                 hang_s: float = 300.0, heal_on_restart: bool = False):
+                 hang_s: float = 300.0, heal_on_restart: bool = False, setup_hang_s: float = 0.0):
         if isinstance(mode, float) and np.isnan(mode):  # Hydra reads `reward.mode=nan` as a float
             mode = "nan"
         if mode not in MODES:
@@ -46,11 +47,13 @@ class FaultyReward(RewardModel):
         self.mode, self.fail_every, self.fail_times = mode, fail_every, fail_times
         self.poison = poison_env_reward_above
         self.hang_s, self.heal_on_restart = float(hang_s), heal_on_restart
+        self.setup_hang_s = float(setup_hang_s)
         self.healed = False
         self.calls = 0
         self._failing_left = 0
 
     def setup(self, device: str) -> None:
+        time.sleep(self.setup_hang_s)
         self.inner.setup(device)
         self.healed = self.heal_on_restart and _restarted_actor()
 

@@ -47,6 +47,16 @@ def test_a_labeler_stuck_in_one_call_ends_the_run_with_one_line_once_restarts_ar
     assert "Traceback" not in out.stderr
 
 
+def test_a_labeler_whose_model_load_hangs_is_named_at_start(tmp_path):
+    out = train(tmp_path / "run", *ENDLESS, "reward=faulty", "reward.setup_hang_s=600", "run.restart_timeout_s=3",
+                timeout=120)
+    assert out.returncode not in (0, 75), out.stderr[-2000:]
+    errors = error_lines(out.stderr)
+    assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "labeler 0 did not finish starting within run.restart_timeout_s=3 s" in errors[0]
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "failed"
+
+
 def test_a_labeler_stuck_in_one_call_is_restarted_and_its_chunks_resent(tmp_path):
     run_dir = tmp_path / "run"
     out = train(run_dir, "total_env_steps=600", *TINY_SAC, *HANG, *DEADLINE, "reward.heal_on_restart=true",
