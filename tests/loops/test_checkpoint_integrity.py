@@ -11,13 +11,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from helpers import TINY_SAC, one_line_error, read_summary, rlfarm, train
-from rlfarm.checkpoint_files import damage, newest_intact, remove_checkpoint, sidecar, write_checkpoint
+from helpers import one_line_error, rlfarm
+from rlfarm.checkpoint_files import damage, newest_intact, sidecar, write_checkpoint
 from rlfarm.errors import RlfarmError
 from rlfarm.loops.checkpoints import PeriodicCheckpoints
 
-# Enough updates for three periodic checkpoints (two kept, one more in flight at the end), in few env steps.
-TINY = ["total_env_steps=800", *TINY_SAC, "run.checkpoint_every_updates=100", "logger=none"]
+# The resume of a real run whose newest checkpoint is truncated: tests/loops/test_resume.py (the SIGKILL test).
 
 
 def state(updates: int) -> dict:
@@ -164,26 +163,3 @@ def test_resume_with_every_checkpoint_damaged_is_one_line_and_exit_2(tmp_path):
     assert f"no intact checkpoint in {run_dir}: checkpoints/step_000000200.pt (truncated" in line
     assert "start a new run" in line
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt")) == [p.name for p in checkpoints]  # kept
-
-
-@pytest.mark.slow
-def test_resume_with_the_newest_checkpoint_truncated_continues_from_the_previous_one(tmp_path):
-    run_dir = tmp_path / "run"
-    out = train(run_dir, *TINY)
-    assert out.returncode == 0, out.stderr[-3000:]
-    # As if killed after its last periodic checkpoint, whose file was then damaged (a disk, a partial copy).
-    (run_dir / "summary.json").unlink()
-    remove_checkpoint(run_dir / "checkpoints" / "final.pt")
-    newest, previous = sorted((run_dir / "checkpoints").glob("step_*.pt"), key=os.path.getmtime, reverse=True)[:2]
-    assert sidecar(newest).exists() and sidecar(previous).exists()
-    resumed_at = torch.load(previous, weights_only=True)["stored"]
-    truncate(newest)
-
-    out = rlfarm("train", f"resume={run_dir}", "run.live=false")
-    assert out.returncode == 0, out.stderr[-3000:]
-    said = out.stdout + out.stderr
-    assert (f"checkpoints/{newest.name} is damaged (truncated: sha256 mismatch): skipped, "
-            f"resuming from checkpoints/{previous.name}") in said
-    assert f"resumed from {previous} at {resumed_at} env steps" in said
-    assert read_summary(run_dir)["env_steps"] == 800
-    assert damage(run_dir / "checkpoints" / "final.pt") is None

@@ -16,19 +16,29 @@ def start(run_dir, *overrides):
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_continues_from_the_checkpoint(tmp_path):
+def test_sigkill_then_resume_continues_from_the_newest_intact_checkpoint(tmp_path):
+    """A node dies (SIGKILL to the whole process group) after two periodic checkpoints, and the newest file was
+    damaged on the way (a disk, a partial copy): resume skips it, says so, continues from the previous one."""
     run_dir = tmp_path / "run"
     proc = start(run_dir)
-    assert wait_for(lambda: list((run_dir / "checkpoints").glob("step_*.pt")), 240), "no periodic checkpoint"
+    assert wait_for(lambda: len(list((run_dir / "checkpoints").glob("step_*.pt.sha256"))) >= 2, 240), \
+        "no two periodic checkpoints"
     os.killpg(proc.pid, signal.SIGKILL)  # the whole process group, as a node failure would
     proc.wait(timeout=30)
     assert not (run_dir / "summary.json").exists()
     import torch
-    (checkpoint,) = sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1:]
-    state = torch.load(checkpoint, weights_only=True)
+    newest, previous = sorted((run_dir / "checkpoints").glob("step_*.pt"), key=os.path.getmtime, reverse=True)[:2]
+    state = torch.load(previous, weights_only=True)
+    mtime = os.path.getmtime(newest)
+    os.truncate(newest, os.path.getsize(newest) // 2)
+    os.utime(newest, (mtime, mtime))  # still the newest by time: only its contents are damaged
 
     out = rlfarm("train", f"resume={run_dir}", "run.live=false")
     assert out.returncode == 0, out.stderr[-2000:]
+    said = out.stdout + out.stderr
+    assert (f"checkpoints/{newest.name} is damaged (truncated: sha256 mismatch): skipped, "
+            f"resuming from checkpoints/{previous.name}") in said
+    assert f"resumed from {previous} at {state['stored']} env steps" in said
     summary = read_summary(run_dir)
     assert summary["env_steps"] == 3000 and summary["restarts"] == 1
     assert summary["updates"] >= state["updates"]  # counters continue, they do not restart at zero
