@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from rlfarm.algos.grpo import grpo_loss
-from rlfarm.algos.ppo import approx_kl, clip_fraction
+from rlfarm.algos.ppo import approx_kl, clip_fraction, masked_mean
 from rlfarm.data import Rollout
 from rlfarm.data_parallel import full_value, gradient_sync
 from rlfarm.models.lm import autocast_to, sequence_logprobs
@@ -92,14 +92,15 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
         dist.broadcast(order, src=0)  # one permutation for all ranks, whatever their generators hold
     model.train()
     totals = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.0}
-    for rows in order.chunk(cfg.minibatches):
+    for index, rows in enumerate(order.chunk(cfg.minibatches)):
         num_tokens = response_mask[rows].sum().float()  # the whole minibatch's: every term's denominator
         if world_size > 1:
             mine, weights = shard_rows(rows, rank, world_size)
         else:
             mine, weights = rows, torch.ones(len(rows), device=device)
         optimizer.zero_grad(set_to_none=True)
-        sums = torch.zeros(3, device=device)  # token sums of loss, clipped and KL over this rank's rows
+        # token sums over this rank's rows of loss, clipped and KL; then |Δ log p| and KL against the engine
+        sums = torch.zeros(5, device=device)
         micro = cfg.micro_batch_size or len(mine)
         pieces = list(zip(mine.split(micro), weights.split(micro)))
         for k, (part, part_weights) in enumerate(pieces):
@@ -119,17 +120,27 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
                 (loss * world_size).backward()  # under DDP the gradients are averaged: × N makes them a sum
             with torch.no_grad():
                 tokens = mask.sum()
-                sums += torch.stack([loss.detach().float() * num_tokens,
-                                     clip_fraction(logprobs, old_logprobs[part], per_token(advantages[part]), mask,
-                                                   cfg.clip_low, cfg.clip_high) * tokens,
-                                     approx_kl(logprobs, old_logprobs[part], mask) * tokens])
+                kl = approx_kl(logprobs, old_logprobs[part], mask).float() * tokens
+                # Before the first optimizer step the learner still holds the policy the engine sampled with
+                # (or a newer one, if the rollout is stale): what differs there is the engine/learner mismatch.
+                unstepped = torch.zeros_like(kl)
+                if index == 0:
+                    unstepped = torch.stack([masked_mean((logprobs - old_logprobs[part]).abs(), mask).float() * tokens,
+                                             kl])
+                sums += torch.cat([torch.stack([loss.detach().float() * num_tokens,
+                                                clip_fraction(logprobs, old_logprobs[part], per_token(advantages[part]),
+                                                              mask, cfg.clip_low, cfg.clip_high).float() * tokens,
+                                                kl]),
+                                   unstepped.expand(2)])
         grad_norm = full_value(torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.max_grad_norm))
         optimizer.step()
         if world_size > 1:
             dist.all_reduce(sums)
         means = (sums / num_tokens.clamp(min=1.0)).tolist()
-        for name, value in zip(("loss", "clip_fraction", "approx_kl", "grad_norm"), (*means, float(grad_norm))):
+        for name, value in zip(("loss", "clip_fraction", "approx_kl", "grad_norm"), (*means[:3], float(grad_norm))):
             totals[name] += value / cfg.minibatches
+        if index == 0:  # measured on the first minibatch, before any step of this update
+            totals["engine_logprob_gap"], totals["engine_kl_k3"] = means[3], means[4]
     model.eval()
     return totals
 

@@ -33,3 +33,6 @@ def test_grpo_math_step_runs_through_roles(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["updates"] == 3 and summary["samples"] == 3 * 4 * 8
     assert (run_dir / "checkpoints" / "final.pt").exists()
+    # fp32 engine and learner on CPU, synchronous: every update starts on the engine's policy (mismatch ~0)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(0 <= row["engine_logprob_gap"] < 1e-4 for row in rows), rows
