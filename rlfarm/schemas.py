@@ -39,6 +39,12 @@ class DataParallel(Choice):  # rlfarm.data_parallel: a learner holding > 1 GPU
     fsdp = "fsdp"
 
 
+class IsCorrection(Choice):  # rlfarm/algos/grpo_lm.py: importance weights learner/engine, truncated at is_cap
+    none = "none"
+    token_tis = "token_tis"
+    seq_tis = "seq_tis"
+
+
 class Advantage(Choice):  # grpo: rewards normalized within each group | gae: a critic and token-level GAE
     grpo = "grpo"
     gae = "gae"
@@ -116,6 +122,8 @@ class GRPOSchema(GroupPolicySchema):
     data_parallel: DataParallel
     weight_sync: WeightSync
     target_reward: Optional[float]
+    is_correction: IsCorrection
+    is_cap: float
 
 
 @dataclass

@@ -34,6 +34,7 @@ RANGES = {
                     POSITIVE),
     **dict.fromkeys(("learning_starts", "vf_coef", "ent_coef", "kl_coef", "clip_low", "clip_high"), NON_NEGATIVE),
     **dict.fromkeys(("gamma", "gae_lambda", "top_p", "accuracy_low", "accuracy_high"), FRACTION),
+    "is_cap": (">= 1", lambda v: v >= 1),
     # the run's own settings (conf/train.yaml) and a gymnasium env's
     **dict.fromkeys(("total_env_steps", "num_envs", "bus_items", "metrics_interval_s", "max_wall_s",
                      "restart_timeout_s", "role_timeout_s", "num_cpus", "ready_timeout_s"), POSITIVE),

@@ -68,7 +68,8 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
               response_mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.28,
               ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
-              num_tokens: float | torch.Tensor | None = None) -> torch.Tensor:
+              num_tokens: float | torch.Tensor | None = None, token_weights: torch.Tensor | None = None
+              ) -> torch.Tensor:
     """Token-level clipped GRPO objective, negated for minimization (DAPO eq. 8, plus GRPO's KL term):
 
         L = 1/Σ_i|o_i| Σ_i Σ_t [ −min(ρ_it Â_i, clip(ρ_it, 1 − ε_low, 1 + ε_high) Â_i) + β D_KL,it ]
@@ -78,11 +79,14 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
 
     logprobs, old_logprobs, response_mask (and ref_logprobs): [N, T]; advantages: [N] or [N, T].
     num_tokens: the denominator Σ|o_i| when this call sees one micro-batch of a larger batch.
+    token_weights: [N, T] importance weights on the clipped term (truncated IS for an engine/learner mismatch).
     Returns a scalar.
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
     per_token = clipped_surrogate(logprobs, old_logprobs, advantages, clip_low, clip_high)
+    if token_weights is not None:
+        per_token = per_token * token_weights
     if kl_coef:
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs")

@@ -58,6 +58,8 @@ class GRPOConfig:
     gae_lambda: float = 0.95      # gae only
     critic_lr: float = 1e-3       # gae only: the critic's AdamW learning rate
     value_clip: float | None = 0.2  # gae only: clipped value loss range (None: plain squared error)
+    is_correction: str = "none"   # none | token_tis | seq_tis: truncated importance weights learner/engine
+    is_cap: float = 2.0           # ... capped here
     seed: int = 0
     device: str = "cpu"
 
@@ -81,8 +83,21 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
     device = next(model.parameters()).device
     module = getattr(model, "module", model)  # under DDP: clip the wrapped module's gradients
     input_ids, attention_mask = rollout.input_ids().to(device), rollout.attention_mask().to(device)
-    response_mask, old_logprobs = rollout.response_mask.to(device), rollout.logprobs.to(device)
+    response_mask, engine_logprobs = rollout.response_mask.to(device), rollout.logprobs.to(device)
     advantages, response_start = advantages.to(device), rollout.prompt_ids.shape[1]
+    # PPO's ratio is taken against the policy that sampled (the engine's logprobs) unless an importance correction
+    # is asked for: then against the learner's own logprobs before this update, each token weighted by
+    # learner/engine (truncated), so the engine's numerics or staleness never enter the clip (verl, slime: TIS).
+    old_logprobs, is_weights, correction = engine_logprobs, None, {}
+    if cfg.is_correction != "none":
+        rows_per_pass = cfg.micro_batch_size or -(-len(input_ids) // cfg.minibatches)  # the update's own sizes
+        with torch.no_grad(), autocast_to(device, compute_dtype):
+            old_logprobs = torch.cat([sequence_logprobs(model, input_ids[rows], attention_mask[rows], response_start,
+                                                        rollout.temperature).float()
+                                      for rows in torch.arange(len(input_ids), device=device).split(rows_per_pass)])
+        is_weights, capped = truncated_is_weights(old_logprobs, engine_logprobs, response_mask, cfg.is_correction,
+                                                  cfg.is_cap)
+        correction = {"is_capped_fraction": float(capped)}
     order = torch.randperm(len(input_ids), device=device)
     if world_size > 1:
         import torch.distributed as dist
@@ -116,7 +131,8 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
                             ref_logprobs = sequence_logprobs(ref_model, input_ids[part], attention_mask[part],
                                                              response_start, rollout.temperature)
                 loss = grpo_loss(logprobs, old_logprobs[part], advantages[part], mask, cfg.clip_low,
-                                 cfg.clip_high, ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef, num_tokens=num_tokens)
+                                 cfg.clip_high, ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef, num_tokens=num_tokens,
+                                 token_weights=None if is_weights is None else is_weights[part])
                 (loss * world_size).backward()  # under DDP the gradients are averaged: × N makes them a sum
             with torch.no_grad():
                 tokens = mask.sum()
@@ -125,8 +141,9 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
                 # (or a newer one, if the rollout is stale): what differs there is the engine/learner mismatch.
                 unstepped = torch.zeros_like(kl)
                 if index == 0:
-                    unstepped = torch.stack([masked_mean((logprobs - old_logprobs[part]).abs(), mask).float() * tokens,
-                                             kl])
+                    engine = engine_logprobs[part]
+                    unstepped = torch.stack([masked_mean((logprobs - engine).abs(), mask).float() * tokens,
+                                             approx_kl(logprobs, engine, mask).float() * tokens])
                 sums += torch.cat([torch.stack([loss.detach().float() * num_tokens,
                                                 clip_fraction(logprobs, old_logprobs[part], per_token(advantages[part]),
                                                               mask, cfg.clip_low, cfg.clip_high).float() * tokens,
@@ -142,7 +159,21 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
         if index == 0:  # measured on the first minibatch, before any step of this update
             totals["engine_logprob_gap"], totals["engine_kl_k3"] = means[3], means[4]
     model.eval()
-    return totals
+    return totals | correction
+
+
+def truncated_is_weights(learner_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor,
+                         mode: str, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Importance weights π_learner/π_engine of the sampled tokens, truncated at `cap` ([N, T], no gradient), and
+    the share of valid tokens whose weight the cap cut. token_tis: one ratio per token; seq_tis: the sequence's
+    product of ratios, on each of its tokens."""
+    log_ratio = (learner_logprobs - engine_logprobs) * mask
+    if mode == "seq_tis":
+        log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(learner_logprobs)
+    elif mode != "token_tis":
+        raise ValueError(f"is_correction must be none, token_tis or seq_tis, got {mode!r}")
+    raw = torch.exp(log_ratio)
+    return raw.clamp(max=cap), masked_mean((raw > cap).float(), mask)
 
 
 def per_token(advantages: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@ import copy
 import dataclasses
 
 import numpy as np
+import pytest
 import torch
 
 from rlfarm.algos.grpo import group_advantages
@@ -60,3 +61,55 @@ def test_the_engine_learner_mismatch_is_measured_before_the_first_step(one_torch
     skewed = update_policy(fresh, torch.optim.AdamW(fresh.parameters(), lr=cfg.lr), off, advantages, cfg)
     assert abs(skewed["engine_logprob_gap"] - gap) < 1e-4
     assert abs(skewed["engine_kl_k3"] - (np.exp(-gap) - 1 + gap)) < 1e-4  # k3 of log ρ = −0.1 per token
+
+
+def _digit_rollout(cfg):
+    torch.manual_seed(cfg.seed)
+    task = DigitTask(cfg.task, cfg.num_digits, seed=cfg.seed)
+    model = causal_lm({**TINY_QWEN2, "vocab_size": task.tokenizer.vocab_size}).eval()
+    engine = HFEngine(copy.deepcopy(model), pad_id=task.tokenizer.pad_id, seed=cfg.seed)
+    rollout = engine.generate(task.sample(cfg.prompts_per_step).prompt_ids, cfg.group_size, task.max_new_tokens,
+                              cfg.temperature, eos_id=task.tokenizer.stop_ids)
+    advantages, _ = group_advantages(np.tile(np.arange(cfg.group_size, dtype=np.float32), cfg.prompts_per_step),
+                                     cfg.group_size)
+    return model, rollout, advantages
+
+
+def test_truncated_importance_weights_per_token_and_per_sequence():
+    from rlfarm.algos.grpo_lm import truncated_is_weights
+
+    learner = torch.zeros(2, 3)
+    engine = torch.tensor([[-0.5, 0.0, -2.0], [0.1, 0.1, 0.0]])  # log π_engine; the learner's are 0
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    weights, capped = truncated_is_weights(learner, engine, mask, "token_tis", cap=2.0)
+    expected = torch.tensor([[np.exp(0.5), 1.0, 2.0], [np.exp(-0.1), np.exp(-0.1), 1.0]], dtype=torch.float32)
+    assert torch.allclose(weights, expected)
+    assert capped.item() == pytest.approx(1 / 5)  # one valid token of five over the cap
+    weights, capped = truncated_is_weights(learner, engine, mask, "seq_tis", cap=2.0)
+    assert torch.allclose(weights[0], torch.full((3,), 2.0))
+    assert torch.allclose(weights[1], torch.full((3,), float(np.exp(-0.2))))
+    assert capped.item() == pytest.approx(3 / 5)
+
+
+@pytest.mark.parametrize("mode", ["token_tis", "seq_tis"])
+def test_an_importance_corrected_update_anchors_the_ratio_on_the_learner_and_weighs_by_learner_over_engine(
+        one_torch_thread, mode):
+    """With the same weights in engine and learner the correction changes nothing; with an engine whose logprobs
+    are all 0.1 too high, the clip's anchor stays the learner's (no ratio is clipped, as on policy) and the loss is
+    the uncorrected one times exp(-0.1 per token) (token) or exp(-0.1 x length) (sequence)."""
+    base = GRPOConfig(prompts_per_step=4, group_size=4, minibatches=1, seed=0)
+    model, rollout, advantages = _digit_rollout(base)
+    plain, corrected = copy.deepcopy(model), copy.deepcopy(model)
+    cfg = dataclasses.replace(base, is_correction=mode, is_cap=10.0)
+    reference = update_policy(plain, torch.optim.SGD(plain.parameters(), lr=0.0), rollout, advantages, base)
+    same = update_policy(corrected, torch.optim.SGD(corrected.parameters(), lr=0.0), rollout, advantages, cfg)
+    assert same["loss"] == pytest.approx(reference["loss"], rel=1e-5, abs=1e-7) and same["is_capped_fraction"] == 0
+
+    off = dataclasses.replace(rollout, logprobs=rollout.logprobs + 0.1 * rollout.response_mask)
+    skewed = update_policy(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), off, advantages, cfg)
+    assert skewed["clip_fraction"] == 0.0 and skewed["approx_kl"] < 1e-6  # anchored on the learner, not the engine
+    assert skewed["engine_logprob_gap"] == pytest.approx(0.1, abs=1e-4)
+    if mode == "token_tis":  # every token's weight is exp(-0.1): the loss scales by it
+        assert skewed["loss"] == pytest.approx(np.exp(-0.1) * reference["loss"], rel=1e-4)
+    else:  # a sequence of L tokens weighs exp(-0.1 L): the loss differs, and shrinks in magnitude
+        assert abs(skewed["loss"]) < abs(reference["loss"])
