@@ -59,9 +59,12 @@ def _local_ray_facts(overrides: list[str]) -> dict:
     with ray_session(cfg.ray, plan_topology(cfg.topology)):
         ray.get(ray.remote(lambda: None).options(num_cpus=0).remote())  # a worker, with its gRPC server
         info = dict(ray._private.worker.global_worker.node.address_info)
-        deadline = time.monotonic() + 20
+        from ray._private.utils import get_dashboard_dependency_error
+
+        # the dashboard agent (ray[default] only: a minimal Ray starts none) comes up after the driver connects
+        deadline = time.monotonic() + (0 if get_dashboard_dependency_error() else 20)
         while time.monotonic() < deadline and not any("DashboardAgent" in p for p, _, _ in _ray_listeners()):
-            time.sleep(0.5)  # the dashboard agent starts after the driver connects
+            time.sleep(0.5)
         return {"gcs_address": ray.get_runtime_context().gcs_address, "address_info": info,
                 "listeners": _ray_listeners()}
 
