@@ -118,7 +118,8 @@ def ray_session(ray_cfg: DictConfig, plan: Plan):
                                   "pip install 'ray[default]', or leave ray.dashboard=false")
         _loopback_only(ray)
         # address="local": a private cluster even where RAY_ADDRESS is set (ray.init would join that one)
-        ray.init(address="local", num_cpus=int(available["CPU"]) if float(available["CPU"]).is_integer() else available["CPU"],
+        cpus = int(available["CPU"]) if float(available["CPU"]).is_integer() else available["CPU"]
+        ray.init(address="local", num_cpus=cpus,
                  num_gpus=int(available["GPU"]), include_dashboard=bool(ray_cfg.dashboard),
                  _node_ip_address="127.0.0.1", logging_level=logging.WARNING, log_to_driver=True,
                  configure_logging=True)

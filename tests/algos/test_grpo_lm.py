@@ -39,10 +39,8 @@ def test_an_update_on_a_fresh_rollout_starts_on_policy_and_moves_the_policy(one_
     assert any(not torch.equal(p, before[name]) for name, p in model.named_parameters())
 
 
-def test_the_engine_learner_mismatch_is_measured_before_the_first_step(one_torch_thread):
-    """engine_logprob_gap (mean |Δ log p| per token) and engine_kl_k3 compare the engine's logprobs with the
-    learner's before it steps: zero for the same weights, and exactly the injected gap when the engine is off."""
-    cfg = GRPOConfig(prompts_per_step=4, group_size=4, minibatches=2, seed=0)
+def _digit_rollout(cfg):
+    """A fresh tiny policy, one rollout of it on the digit task, and advantages with signal in every group."""
     torch.manual_seed(cfg.seed)
     task = DigitTask(cfg.task, cfg.num_digits, seed=cfg.seed)
     model = causal_lm({**TINY_QWEN2, "vocab_size": task.tokenizer.vocab_size}).eval()
@@ -51,6 +49,14 @@ def test_the_engine_learner_mismatch_is_measured_before_the_first_step(one_torch
                               cfg.temperature, eos_id=task.tokenizer.stop_ids)
     advantages, _ = group_advantages(np.tile(np.arange(cfg.group_size, dtype=np.float32), cfg.prompts_per_step),
                                      cfg.group_size)
+    return model, rollout, advantages
+
+
+def test_the_engine_learner_mismatch_is_measured_before_the_first_step(one_torch_thread):
+    """engine_logprob_gap (mean |Δ log p| per token) and engine_kl_k3 compare the engine's logprobs with the
+    learner's before it steps: zero for the same weights, and exactly the injected gap when the engine is off."""
+    cfg = GRPOConfig(prompts_per_step=4, group_size=4, minibatches=2, seed=0)
+    model, rollout, advantages = _digit_rollout(cfg)
     fresh = copy.deepcopy(model)
     same = update_policy(model, torch.optim.AdamW(model.parameters(), lr=cfg.lr), rollout, advantages, cfg)
     assert same["engine_logprob_gap"] < 1e-5 and abs(same["engine_kl_k3"]) < 1e-6
@@ -61,18 +67,6 @@ def test_the_engine_learner_mismatch_is_measured_before_the_first_step(one_torch
     skewed = update_policy(fresh, torch.optim.AdamW(fresh.parameters(), lr=cfg.lr), off, advantages, cfg)
     assert abs(skewed["engine_logprob_gap"] - gap) < 1e-4
     assert abs(skewed["engine_kl_k3"] - (np.exp(-gap) - 1 + gap)) < 1e-4  # k3 of log ρ = −0.1 per token
-
-
-def _digit_rollout(cfg):
-    torch.manual_seed(cfg.seed)
-    task = DigitTask(cfg.task, cfg.num_digits, seed=cfg.seed)
-    model = causal_lm({**TINY_QWEN2, "vocab_size": task.tokenizer.vocab_size}).eval()
-    engine = HFEngine(copy.deepcopy(model), pad_id=task.tokenizer.pad_id, seed=cfg.seed)
-    rollout = engine.generate(task.sample(cfg.prompts_per_step).prompt_ids, cfg.group_size, task.max_new_tokens,
-                              cfg.temperature, eos_id=task.tokenizer.stop_ids)
-    advantages, _ = group_advantages(np.tile(np.arange(cfg.group_size, dtype=np.float32), cfg.prompts_per_step),
-                                     cfg.group_size)
-    return model, rollout, advantages
 
 
 def test_truncated_importance_weights_per_token_and_per_sequence():
