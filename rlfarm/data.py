@@ -71,3 +71,27 @@ class Rollout:
         return replace(self, prompt_ids=self.prompt_ids[rows], prompt_mask=self.prompt_mask[rows],
                        response_ids=self.response_ids[rows], response_mask=self.response_mask[rows],
                        logprobs=self.logprobs[rows])
+
+
+def _pad_columns(tensor: torch.Tensor, width: int, left: bool) -> torch.Tensor:
+    """[N, w] → [N, width] with zeros on the left or the right (masked columns: never attended, never scored)."""
+    missing = width - tensor.shape[1]
+    if missing == 0:
+        return tensor
+    zeros = tensor.new_zeros(tensor.shape[0], missing)
+    return torch.cat([zeros, tensor] if left else [tensor, zeros], dim=1)
+
+
+def concat_rollouts(parts: Sequence[Rollout]) -> Rollout:
+    """The rollouts of several engines as one, in their order (each engine's prompts follow the previous
+    one's): prompts re-padded on the left to the longest, responses on the right. Its weight version is the
+    oldest part's, so staleness is never understated."""
+    if len(parts) == 1:
+        return parts[0]
+    prompt_len = max(part.prompt_ids.shape[1] for part in parts)
+    response_len = max(part.response_ids.shape[1] for part in parts)
+    joined = {name: torch.cat([_pad_columns(getattr(part, name), width, left) for part in parts])
+              for name, width, left in (("prompt_ids", prompt_len, True), ("prompt_mask", prompt_len, True),
+                                        ("response_ids", response_len, False),
+                                        ("response_mask", response_len, False), ("logprobs", response_len, False))}
+    return replace(parts[0], **joined, weight_version=min(part.weight_version for part in parts))

@@ -40,6 +40,7 @@ class DataParallel(Choice):  # rlfarm.data_parallel: a learner holding > 1 GPU
 
 
 class IsCorrection(Choice):  # rlfarm/algos/grpo_lm.py: importance weights learner/engine, truncated at is_cap
+    auto = "auto"  # token_tis with asynchronous rollouts (algo.max_staleness > 0), none without
     none = "none"
     token_tis = "token_tis"
     seq_tis = "seq_tis"
@@ -124,6 +125,7 @@ class GRPOSchema(GroupPolicySchema):
     target_reward: Optional[float]
     is_correction: IsCorrection
     is_cap: float
+    max_staleness: int
 
 
 @dataclass

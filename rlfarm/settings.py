@@ -32,7 +32,8 @@ RANGES = {
                      "credits", "publish_every", "rollout_steps", "epochs", "minibatches", "micro_batch_size",
                      "prompts_per_step", "group_size", "groups_per_update", "max_new_tokens", "max_updates"),
                     POSITIVE),
-    **dict.fromkeys(("learning_starts", "vf_coef", "ent_coef", "kl_coef", "clip_low", "clip_high"), NON_NEGATIVE),
+    **dict.fromkeys(("learning_starts", "vf_coef", "ent_coef", "kl_coef", "clip_low", "clip_high", "max_staleness"),
+                    NON_NEGATIVE),
     **dict.fromkeys(("gamma", "gae_lambda", "top_p", "accuracy_low", "accuracy_high"), FRACTION),
     "is_cap": (">= 1", lambda v: v >= 1),
     # the run's own settings (conf/train.yaml) and a gymnasium env's

@@ -15,6 +15,7 @@ from rlfarm.cluster import ray_session
 from rlfarm.commands.common import check_local_cluster, compose_checked
 from rlfarm.config import validate
 from rlfarm.errors import ConfigError, Preempted, RlfarmError
+from rlfarm.loops.llm_layout import check_rollout_layout
 from rlfarm.run import Run, discard_run_dir, is_run_dir, resume_checkpoint
 from rlfarm.telemetry.summary import onpolicy_paragraph, ppo_paragraph, summary_paragraph, vla_paragraph
 from rlfarm.topology import PlacedTopology, plan_topology
@@ -33,6 +34,8 @@ def preflight(config_name: str, args: list[str]) -> None:
     if cfg.resume not in (None, "auto") and not is_run_dir(cfg.resume):
         raise ConfigError(f"resume={cfg.resume} is not a run directory (no config.yaml and checkpoints/ there)",
                           "pass the directory of an earlier rlfarm run, or resume=auto")
+    if cfg.algo.family == "onpolicy":  # what is asked of the topology, before whether the cluster holds it
+        check_rollout_layout(cfg, plan_topology(cfg.topology, cfg.algo.family))
     check_local_cluster(cfg, args)
 
 
@@ -78,6 +81,8 @@ def task(cfg: DictConfig) -> dict:
         cfg, resume_from = resolve_resume(cfg, run_dir)
         validate(cfg)
         plan = plan_topology(cfg.topology, cfg.algo.family)
+        if cfg.algo.family == "onpolicy":
+            check_rollout_layout(cfg, plan)
     except RlfarmError as error:
         if resume_from_dir_is_new(cfg, run_dir):
             discard_run_dir(run_dir)

@@ -17,7 +17,7 @@ from torch import nn
 from rlfarm.data import Rollout, StopIds, stop_ids
 from rlfarm.engines import static_decoder
 from rlfarm.engines.base import Engine, hits_stop
-from rlfarm.engines.sampling import nucleus_filter, sample_tokens  # noqa: F401 (part of this module's API)
+from rlfarm.engines.sampling import Rows, nucleus_filter, sample_tokens  # noqa: F401 (part of this module's API)
 from rlfarm.models.lm import cache_kwarg, position_ids_from_mask
 
 
@@ -64,18 +64,20 @@ class HFEngine(Engine):
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, eos_id: StopIds = None) -> Rollout:
+                 top_p: float = 1.0, eos_id: StopIds = None, rows: Rows | None = None) -> Rollout:
+        """n samples of each prompt. rows: where they sit in a step split across engines (`Rows`; None: the
+        whole step is here)."""
         if max_new_tokens < 1 or n < 1:
             raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got n={n}, max_new_tokens={max_new_tokens}")
         prompt, prompt_mask = left_pad([list(p) for p in prompt_ids], self.pad_id, self.device)
         if self._static is not None:
             sampling = static_decoder.Sampling(float(temperature), float(top_p), stop_ids(eos_id))
             tokens, logprobs, generated = self._static.generate(prompt, prompt_mask, n, max_new_tokens, sampling,
-                                                                self.stop_check_every)
+                                                                self.stop_check_every, rows)
         else:
             tokens, logprobs, generated = self._generate_with_hf_cache(
                 prompt.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0), max_new_tokens,
-                temperature, top_p, stop_ids(eos_id))
+                temperature, top_p, stop_ids(eos_id), rows or Rows(0, len(prompt) * n))
         return Rollout(prompt_ids=prompt.repeat_interleave(n, dim=0).cpu(),
                        prompt_mask=prompt_mask.repeat_interleave(n, dim=0).cpu(),
                        response_ids=tokens.cpu(), response_mask=generated.long().cpu(), logprobs=logprobs.cpu(),
@@ -83,7 +85,7 @@ class HFEngine(Engine):
                        weight_version=self.weight_version)
 
     def _generate_with_hf_cache(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
-                                temperature: float, top_p: float, stops: tuple[int, ...]
+                                temperature: float, top_p: float, stops: tuple[int, ...], rows: Rows
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Any causal LM: its own forward with a DynamicCache, one step at a time."""
         from transformers import DynamicCache
@@ -101,7 +103,8 @@ class HFEngine(Engine):
         logits = self._next_logits(prompt, prompt_mask, position_ids_from_mask(prompt_mask), cache)
         steps = max_new_tokens
         for t in range(max_new_tokens):
-            token, logprob = sample_tokens(logits, temperature, top_p, self._generator)
+            race = rows.race(samples, logits.shape[-1], self._generator, self.device) if temperature > 0 else None
+            token, logprob = sample_tokens(logits, temperature, top_p, race=race)
             generated[:, t] = ~finished
             tokens[:, t] = token.masked_fill(finished, self.pad_id)
             logprobs[:, t] = logprob.masked_fill(finished, 0.0)

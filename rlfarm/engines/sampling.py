@@ -2,9 +2,26 @@
 `rlfarm.data` (log softmax(logits / temperature) of the sampled token, before nucleus truncation)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from rlfarm.models.lm import tempered_log_softmax
+
+
+class Rows(NamedTuple):
+    """Where one engine's samples sit in a step that several engines split (rows first … first + B − 1 of the
+    step's `total`). Each engine draws the sampling noise of the whole step and uses its own rows, so a step's
+    samples do not depend on how many engines share it — N engines give what one would, from the same seed.
+    The price: each draws total/B times the noise it uses, small next to a decode step's forward."""
+    first: int
+    total: int
+
+    def race(self, batch: int, vocab: int, generator: torch.Generator | None, device: torch.device
+             ) -> torch.Tensor:
+        """Exp(1) noise for `sample_tokens`: this engine's `batch` rows of the whole step's [total, V] draw."""
+        drawn = torch.empty(max(self.total, batch), vocab, device=device).exponential_(generator=generator)
+        return drawn[self.first:self.first + batch]
 
 
 def nucleus_filter(logp: torch.Tensor, top_p: float) -> torch.Tensor:

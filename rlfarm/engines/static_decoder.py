@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlfarm.engines.base import hits_stop
-from rlfarm.engines.sampling import sample_tokens
+from rlfarm.engines.sampling import Rows, sample_tokens
 from rlfarm.models.lm import position_ids_from_mask
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -83,7 +83,8 @@ class DecodeState:
     sin: torch.Tensor
     key_valid: torch.Tensor           # [B, S] bool: slots a query may attend to
     logits: torch.Tensor              # [B, V] the logits the next token is sampled from
-    race: torch.Tensor                # [B, V] float32 Exp(1) noise of the next sample
+    race: torch.Tensor                # [B, V] float32 Exp(1) noise of the next sample: this batch's rows of `drawn`
+    drawn: torch.Tensor               # [R, V] the noise drawn per step: R = B, or the whole step's rows (`Rows`)
     next_input: torch.Tensor          # [B] the token fed at the next forward
     position: torch.Tensor            # [B] its position id
     step: torch.Tensor                # [1] index of the next sampled token
@@ -129,12 +130,13 @@ class StaticDecoder:
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, n: int, max_new_tokens: int,
-                 sampling: Sampling, stop_check_every: int
+                 sampling: Sampling, stop_check_every: int, rows: Rows | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """prompt, prompt_mask [num_prompts, P] (left-padded, on the model's device); n samples each.
+        rows: where these samples sit in a step shared by several engines (None: they are the whole step).
         Returns (tokens, logprobs, generated) [num_prompts × n, steps], prompt-major, still on the device."""
         prompts, prompt_len = prompt.shape
-        state = self._state(prompts * n, prompt_len + max_new_tokens)
+        state = self._state(prompts * n, prompt_len + max_new_tokens, rows or Rows(0, prompts * n))
         graphed = self._use_graphs() and max_new_tokens > 1  # one new token: no step to replay
         step = self._graph(state, sampling) if graphed else (lambda: self._step(state, sampling))
         self._prefill(state, prompt, prompt_mask, n)
@@ -157,7 +159,7 @@ class StaticDecoder:
 
     def _draw_race(self, state: DecodeState, sampling: Sampling) -> None:
         if sampling.temperature > 0:
-            state.race.exponential_(generator=self.generator)
+            state.drawn.exponential_(generator=self.generator)
 
     def _sample_and_record(self, state: DecodeState, sampling: Sampling) -> None:
         token, logprob = sample_tokens(state.logits, sampling.temperature, sampling.top_p, race=state.race)
@@ -245,9 +247,9 @@ class StaticDecoder:
         state.logprobs.zero_()
         state.generated.zero_()
 
-    def _state(self, batch: int, length: int) -> DecodeState:
+    def _state(self, batch: int, length: int, rows: Rows) -> DecodeState:
         cache_len = -(-length // CACHE_ROUNDING) * CACHE_ROUNDING
-        key = (batch, cache_len)
+        key = (batch, cache_len, rows)
         if key in self.states:
             self.states.move_to_end(key)
             return self.states[key]
@@ -259,10 +261,11 @@ class StaticDecoder:
         probe = torch.zeros(1, dtype=dtype, device=device)
         cos, sin = self.base.model.rotary_emb(probe, torch.arange(cache_len, device=device)[None])
         vocab = self.base.lm_head.out_features
+        drawn = torch.ones(max(rows.total, batch), vocab, device=device)
         state = DecodeState(
             keys=[zeros(*cache_shape) for _ in self.layers], values=[zeros(*cache_shape) for _ in self.layers],
             cos=cos[0], sin=sin[0], key_valid=zeros(batch, cache_len, dtype=torch.bool),
-            logits=zeros(batch, vocab), race=torch.ones(batch, vocab, device=device),
+            logits=zeros(batch, vocab), race=drawn[rows.first:rows.first + batch], drawn=drawn,
             next_input=zeros(batch, dtype=torch.long), position=zeros(batch, dtype=torch.long),
             step=zeros(1, dtype=torch.long), slot=zeros(1, dtype=torch.long),
             finished=zeros(batch, dtype=torch.bool), tokens=zeros(batch, cache_len, dtype=torch.long),

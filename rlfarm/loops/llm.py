@@ -1,32 +1,46 @@
 """On-policy driver for LLM policies (GRPO, or token-level PPO with a critic: `algo=ppo_lm`): generate → score →
-update → sync, synchronously, each stage in its own role.
+update → sync, each stage in its own role.
 Only object refs pass through here: the rollout goes engine → scorer and engine → learner; the new weights go
-learner → engine by the weight sync chosen once at start (`algo.weight_sync`, see rlfarm/sync/).
+learner → engines by the weight sync chosen once at start (`algo.weight_sync`, `rlfarm.loops.llm_layout`).
+N engines (`topology.roles.engine.count`) split each step's prompts (data-parallel rollout); the learner
+joins their parts in engine order, and each part is scored by a scorer (labeler) of its own, round-robin.
 A learner role holding N > 1 GPUs (one N-GPU bundle, or count N) runs N data-parallel ranks
 (`rlfarm.roles.learner_group`); rank 0 publishes the weights. `model.dtype` is what GPU roles compute in.
-Checkpoints (`run.checkpoint_every_*`, SIGTERM → preempted.pt) and `resume=` continue after the saved update."""
+
+`algo.max_staleness = k`: k = 0 runs the stages one after another. k > 0 keeps k steps of rollouts in flight:
+the engines generate the next steps with the weights they hold while the learner updates, and new weights
+reach them between steps (each engine takes its calls in order), so a step generated with version v is
+trained on at learner version v + k; a step older than that would be dropped and counted (`dropped_stale`).
+Checkpoints (`run.checkpoint_every_*`, SIGTERM → preempted.pt) and `resume=` continue after the saved update
+(the rollouts in flight are not saved: a resumed run starts generating from the checkpoint's weights)."""
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
+from dataclasses import dataclass
 
 import ray
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.algos.grpo_lm import GRPOConfig
 from rlfarm.envs.text_tasks import TextTaskSpec
+from rlfarm.errors import ConfigError
+from rlfarm.loops.llm_layout import WeightSyncPlan, check_rollout_layout, plan_weight_sync, sharing_rank
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
 from rlfarm.roles.learner_group import start_learner_group
 from rlfarm.roles.llm import EngineRole, TextLabeler
 from rlfarm.run import Run
 from rlfarm.settings import known_fields
-from rlfarm.sync.transport import pick_transport
 from rlfarm.topology import Placement, PlacedTopology
 
 log = logging.getLogger("rlfarm")
 REWARD_WINDOW = 10  # summary reward_mean: mean over the last 10 updates
-STAGE_KEYS = ("generate_s", "score_update_s", "sync_s", "step_s", "generated_tokens_per_s")  # medians in the summary
+# medians in the summary: each stage's time (wait_s: the driver waiting for the rollout; publish_s: the learner's
+# send), the engines' speed, the step's throughput, and the share of each step the engines and the learner worked
+STAGE_KEYS = ("step_s", "generate_s", "wait_s", "score_s", "update_s", "sync_s", "publish_s",
+              "generated_tokens_per_s", "step_samples_per_s", "step_tokens_per_s", "engine_busy", "learner_busy")
 
 
 def grpo_config(cfg: DictConfig) -> GRPOConfig:
@@ -34,6 +48,8 @@ def grpo_config(cfg: DictConfig) -> GRPOConfig:
     dict to build (model.config) or the hub id / folder to load (model.source)."""
     algo = OmegaConf.to_container(cfg.algo, resolve=True)
     fields = known_fields(GRPOConfig, algo)
+    if fields.get("is_correction") == "auto":  # decoupled from the behaviour policy only where rollouts are stale
+        fields["is_correction"] = "token_tis" if int(algo.get("max_staleness", 0)) > 0 else "none"
     source = cfg.model.get("source")
     return GRPOConfig(**fields, task=cfg.env.task, num_digits=int(cfg.env.get("num_digits", 4)),
                       model=str(source) if source else OmegaConf.to_container(cfg.model.config, resolve=True),
@@ -62,12 +78,24 @@ def learner_rank_options(placed: PlacedTopology, places: list[Placement]) -> lis
     return [placed.options(place) for place in places]
 
 
+@dataclass
+class Launched:
+    """One step's rollout in flight: each engine's part and its score, as refs, and the weight version the
+    engines generate it with (the driver's count of the pushes before it)."""
+    generated: list[ray.ObjectRef]
+    stats: list[ray.ObjectRef]          # per engine: {"generate_s", "tokens", "version"}
+    rewards: list[ray.ObjectRef]
+    score_stats: list[ray.ObjectRef]    # per part: {"score_s"}
+    version: int
+
+
 class LLMLoop(SyncLoop):
     def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None):
         self.cfg, self.run = cfg, run
         grpo = grpo_config(cfg)
         plan = placed.plan
-        (learner, *_), (engine,), (scorer,) = plan.of("learner"), plan.of("engine")[:1], plan.of("labeler")[:1]
+        check_rollout_layout(cfg, plan)
+        (learner, *_), engines, scorers = plan.of("learner"), plan.of("engine"), plan.of("labeler")
         dtype = str(cfg.model.get("dtype", "float32"))
         self.learners = start_learner_group(learner_rank_options(placed, plan.of("learner")), grpo, learner.threads,
                                             dtype)
@@ -75,55 +103,105 @@ class LLMLoop(SyncLoop):
         log.info("learner: %d data-parallel rank(s), GPU ids %s; GPU compute dtype %s", len(self.learners.ranks),
                  self.learners.gpu_ids, dtype)
         task = text_task_spec(cfg)
-        self.engine = ray.remote(EngineRole).options(**placed.options(engine)).remote(grpo, engine.threads, dtype,
-                                                                                       task)
-        self.scorer = ray.remote(TextLabeler).options(**placed.options(scorer)).remote(grpo, task)
-        # Colocated (engine and learner on the same GPU): the engine sleeps while the learner trains.
-        self.time_share = engine.gpus > 0 and (engine.pool, engine.bundle) == (learner.pool, learner.bundle)
-        self.weight_sync = self._open_weight_sync(str(cfg.algo.get("weight_sync", "auto")))
+        self.engines = [ray.remote(EngineRole).options(**placed.options(place)).remote(
+            grpo, place.threads, dtype, task, (index, len(engines))) for index, place in enumerate(engines)]
+        self.scorers = [ray.remote(TextLabeler).options(**placed.options(place)).remote(grpo, task)
+                        for place in scorers]
+        self.max_staleness = int(cfg.algo.get("max_staleness", 0))
+        self.sync_plan, self.time_shared = self._open_weight_sync(str(cfg.algo.get("weight_sync", "auto")))
+        if self.time_shared and self.max_staleness:
+            raise ConfigError(f"algo.max_staleness={self.max_staleness} needs engines on GPUs of their own",
+                              "use a split topology or algo.max_staleness=0")
+        self.ahead: deque[Launched] = deque()  # rollouts in flight, oldest first
+        self.version = 0  # the weight version pushed last (read from the learner at warm-up)
+        self._receiving: list[ray.ObjectRef] = []  # the engines' last receive calls, not yet checked
         self.title = f"rlfarm · {cfg.algo.name} · {cfg.env.task} · {cfg.topology.name}"
         self.target = cfg.algo.target_reward
         self.samples_per_update = int(cfg.algo.prompts_per_step) * int(cfg.algo.group_size)
-        self._begin(Progress(window=REWARD_WINDOW, timings=STAGE_KEYS, updates=0, samples=0, staleness_max=0),
-                    resume_from)
+        self._begin(Progress(window=REWARD_WINDOW, timings=STAGE_KEYS, updates=0, samples=0, staleness_max=0,
+                             dropped_stale=0), resume_from)
 
     def _warm_up(self) -> None:
-        self._sync()  # the engine starts from the learner's weights
+        self.version = ray.get(self.learner.weight_version.remote())
+        self._push(wait=True)  # the engines start from the learner's weights
 
-    def _open_weight_sync(self, choice: str) -> str:
-        """Pick the transport once and build both ends (a broadcast group is joined by both at the same time)."""
-        on_gpus = all(device.startswith("cuda") for device in
-                      ray.get([self.learner.device.remote(), self.engine.device.remote()]))
-        transport = pick_transport(choice, on_gpus, self.time_share)
-        address = ray.get(self.learner.open_sync.remote(transport))
-        ray.get([self.learner.join_sync.remote(), self.engine.open_sync.remote(transport, address)])
-        log.info("weight sync learner → engine: %s", transport)
-        return transport
+    def _open_weight_sync(self, choice: str) -> tuple[WeightSyncPlan, list]:
+        """Pick the transport once and build every end (a broadcast group is joined by all at the same time).
+        Returns the plan and the engines that share a learner rank's GPU (they sleep while the ranks update)."""
+        ranks = self.learners.ranks
+        devices = ray.get([rank.device.remote() for rank in ranks] + [e.device.remote() for e in self.engines])
+        learners = ray.get([rank.location.remote() for rank in ranks])
+        engines = ray.get([engine.location.remote() for engine in self.engines])
+        sync = plan_weight_sync(choice, learners, engines, on_gpus=all(d.startswith("cuda") for d in devices),
+                                sharded=str(self.cfg.algo.get("data_parallel", "ddp")) == "fsdp")
+        addresses = {rank: ray.get(ranks[rank].open_sync.remote(sync.transport, len(sync.engines_of(rank))))
+                     for rank in sync.ranks}
+        opening = [ranks[rank].join_sync.remote() for rank in sync.ranks]
+        for index, (engine, source) in enumerate(zip(self.engines, sync.sources)):
+            peers = sync.engines_of(source)
+            opening.append(engine.open_sync.remote(sync.transport, addresses[source], 1 + peers.index(index),
+                                                   1 + len(peers)))
+        ray.get(opening)
+        time_shared = [engine for engine, where in zip(self.engines, engines) if sharing_rank(where, learners) is not None]
+        log.info("weight sync learner → %d engine(s): %s%s", len(self.engines), sync.transport,
+                 f" (from ranks {list(sync.ranks)})" if sync.ranks != (0,) else "")
+        return sync, time_shared
+
+    def _launch(self) -> Launched:
+        """Every engine generates its part of the next step, and a scorer scores it as soon as it is there."""
+        generated, stats, rewards, score_stats = [], [], [], []
+        for index, engine in enumerate(self.engines):
+            part, part_stats = engine.generate_with_stats.options(num_returns=2).remote()
+            scored, scored_stats = self.scorers[index % len(self.scorers)].score_with_stats.options(
+                num_returns=2).remote(part)
+            generated.append(part), stats.append(part_stats), rewards.append(scored), score_stats.append(scored_stats)
+        return Launched(generated, stats, rewards, score_stats, self.version)
 
     def _step(self) -> dict:
-        """One synchronous cycle; the learner's metrics plus each stage's wall time."""
+        """One update on the oldest usable rollout, the next rollouts already generating (k > 0); the learner's
+        metrics plus each stage's time and the roles' busy fractions."""
         started = time.monotonic()
-        generated = self.engine.generate.remote()                               # 1. generate
-        ray.wait([generated], fetch_local=False)
+        while True:
+            while len(self.ahead) <= self.max_staleness:                       # 1. generate (+ score) ahead
+                self.ahead.append(self._launch())
+            batch = self.ahead.popleft()
+            stats = ray.get(batch.stats)
+            if self.version - batch.version <= self.max_staleness:
+                break
+            self.progress.add(dropped_stale=self.samples_per_update)  # too old: never trained on
         generated_at = time.monotonic()
-        rewards = self.scorer.score.remote(generated)                           # 2. score (labeler)
-        if self.time_share:  # colocated: the engine frees the GPU while the learner trains
-            ray.get(self.engine.sleep.remote())
-        metrics = self.learners.update(generated, rewards)                      # 3. advantages + update
+        if self.time_shared:  # colocated: these engines free the GPU while the learner trains
+            ray.get([engine.sleep.remote() for engine in self.time_shared])
+        metrics = self.learners.update(batch.generated, batch.rewards)         # 2. advantages + update
         updated_at = time.monotonic()
-        if self.time_share:
-            ray.get(self.engine.wake.remote())
-        self._sync()                                                            # 4. weights → engine
+        if self.time_shared:
+            ray.get([engine.wake.remote() for engine in self.time_shared])
+        self._push(wait=self.max_staleness == 0)                               # 3. weights → engines
         synced_at = time.monotonic()
-        tokens = metrics["response_len"] * self.samples_per_update
-        return metrics | {"generate_s": generated_at - started, "score_update_s": updated_at - generated_at,
-                          "sync_s": synced_at - updated_at, "step_s": synced_at - started,
-                          "generated_tokens_per_s": tokens / max(generated_at - started, 1e-9)}
+        step_s, generate = synced_at - started, [s["generate_s"] for s in stats]
+        tokens = sum(s["tokens"] for s in stats)
+        return metrics | {
+            "step_s": step_s, "generate_s": max(generate), "wait_s": generated_at - started,
+            "score_s": max(s["score_s"] for s in ray.get(batch.score_stats)),
+            "sync_s": synced_at - updated_at, "generated_tokens_per_s": tokens / max(max(generate), 1e-9),
+            "step_samples_per_s": self.samples_per_update / max(step_s, 1e-9),
+            "step_tokens_per_s": tokens / max(step_s, 1e-9),
+            "engine_busy": min(1.0, sum(generate) / (len(generate) * max(step_s, 1e-9))),
+            "learner_busy": min(1.0, metrics["update_s"] / max(step_s, 1e-9))}
 
-    def _sync(self) -> None:
-        published = self.learners.publish()
-        # boxed, so the engine's call starts at once: over a broadcast both calls must run to meet
-        ray.get(self.engine.receive.remote([published]))
+    def _push(self, wait: bool) -> None:
+        """The learner's newest weights to every engine: each engine takes them after the generate calls already
+        queued on it, before any launched later. wait=False (k > 0): the driver goes on at once; the receive
+        calls are checked at the next push (done by then: the learner's update after them needed them)."""
+        ray.get(self._receiving)
+        published = self.learners.publish(self.sync_plan.ranks)
+        # boxed, so each engine's call starts at once: over a broadcast both calls must run to meet
+        self._receiving = [engine.receive.remote([published[source]])
+                           for engine, source in zip(self.engines, self.sync_plan.sources)]
+        self.version += 1
+        if wait:
+            ray.get(self._receiving)
+            self._receiving = []
 
     def _record(self, metrics: dict) -> dict:
         progress = self.progress
@@ -133,14 +211,17 @@ class LLMLoop(SyncLoop):
         progress["staleness_max"] = max(progress["staleness_max"], int(metrics["staleness"]))
         wall, samples = progress.wall_s, progress["samples"]
         return {"updates": progress["updates"], "samples": samples, "wall_s": round(wall, 3),
-                "reward_mean": progress.window_mean(), "samples_per_s": samples / max(wall, 1e-9), **metrics}
+                "reward_mean": progress.window_mean(), "samples_per_s": samples / max(wall, 1e-9),
+                "dropped_stale": progress["dropped_stale"], **metrics}
 
     def _summary(self, row: dict) -> dict:
         progress, target = self.progress, self.target
         reward = progress.window_mean(empty=0.0)
         return {"updates": progress["updates"], "reward_mean": reward, "samples": progress["samples"],
                 "median": progress.timing_medians(), "policy_staleness_max": progress["staleness_max"],
-                "learner_ranks": len(self.learners.ranks), "wall_s": round(progress.wall_s, 2),
+                "max_staleness": self.max_staleness, "dropped_stale": progress["dropped_stale"],
+                "engines": len(self.engines), "learner_ranks": len(self.learners.ranks),
+                "weight_sync": self.sync_plan.transport, "wall_s": round(progress.wall_s, 2),
                 "target_reward": target, "reached_target": bool(target is not None and reward >= target)}
 
     # -- checkpoints ---------------------------------------------------------------------------------
@@ -152,6 +233,7 @@ class LLMLoop(SyncLoop):
         return self.learners.load(path)
 
     def _resume(self, path: str) -> None:
-        """The engine draws new prompt and sampling streams, seeded by the update it resumes after."""
+        """The engines draw new prompt and sampling streams (all the same), seeded by the update it resumes after."""
         super()._resume(path)
-        ray.get(self.engine.reseed.remote(int(self.cfg.seed) * 1_000_003 + self.progress["updates"]))
+        seed = int(self.cfg.seed) * 1_000_003 + self.progress["updates"]
+        ray.get([engine.reseed.remote(seed) for engine in self.engines])

@@ -27,13 +27,19 @@ class LearnerGroup:
         return self.ranks[0]
 
     def update(self, generated, rewards) -> dict:
-        """Every rank updates on its shard of the batch (they meet in DDP's all-reduce); rank 0's metrics."""
-        return ray.get([rank.update.remote(generated, rewards) for rank in self.ranks])[0]
+        """Every rank updates on its shard of the batch (they meet in DDP's all-reduce); rank 0's metrics.
+        generated, rewards: one engine's step (refs or values), or lists of each engine's part (refs)."""
+        if isinstance(generated, list):
+            calls = [rank.update_gathered.remote(generated, rewards) for rank in self.ranks]
+        else:
+            calls = [rank.update.remote(generated, rewards) for rank in self.ranks]
+        return ray.get(calls)[0]
 
-    def publish(self) -> ray.ObjectRef:
-        """Rank 0 sends the newest weights to the engines (`LMLearner.publish`). Not waited for: over a
-        broadcast the call ends only once the engines received, so the caller hands the ref to them first."""
-        return self.lead.publish.remote()
+    def publish(self, ranks: tuple[int, ...] = (0,)) -> dict[int, ray.ObjectRef]:
+        """The newest weights to the engines (`LMLearner.publish`), from rank 0 (or, under CUDA IPC, from each
+        rank that shares an engine's GPU): rank → ref. Not waited for: over a broadcast the call ends only once
+        the engines received, so the caller hands the refs to them first."""
+        return {rank: self.ranks[rank].publish.remote() for rank in ranks}
 
     def save(self, path: str, extra: dict | None = None) -> str:
         """Rank 0 writes the checkpoint; every rank takes the call (under FSDP they gather the shards together)."""

@@ -7,10 +7,13 @@ store (CPU copies, what CPU roles use), a broadcast over a process group of the 
 between GPUs: the tensors never touch the host), or CUDA IPC when both share one GPU (the engine copies from
 the learner's GPU buffers). The driver opens it (`LMLearner.open_sync`, then `LMLearner.join_sync`
 and `EngineRole.open_sync` at the same time); every sync after that is `LMLearner.publish` →
-`EngineRole.receive`, whatever the transport.
+`EngineRole.receive`, whatever the transport. Several engines split each step (`EngineRole` shard): rank 0
+sends to all of them in one go (one broadcast group, or the same host copies); under CUDA IPC each engine reads
+from the learner rank on its own GPU (`rlfarm.loops.llm_layout.plan_weight_sync`).
 
 The learner may be N data-parallel LMLearner actors (`rlfarm.roles.learner_group`): each trains on its shard
-of the batch under DDP (`rlfarm.data_parallel`), and rank 0 alone publishes weights and reports.
+of the batch under DDP (`rlfarm.data_parallel`), and rank 0 publishes weights (under DDP with IPC, every rank
+that shares an engine's GPU does) and reports.
 Precision: `dtype` ("bfloat16") is what the GPU roles compute in — the engine holds its weights in it, the
 learner keeps fp32 weights and optimizer and runs its forward passes under autocast to it, and publishes
 weights cast to it; on CPU every role runs float32 (`rlfarm.models.lm.compute_dtype`).
@@ -21,6 +24,7 @@ from a hub id / folder (`cfg.model`: a string, `model.source`), whose own tokeni
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -30,9 +34,10 @@ import torch.distributed as dist
 
 from rlfarm.algos.grpo import group_advantages
 from rlfarm.algos.grpo_lm import GRPOConfig, rollout_metrics, update_policy
-from rlfarm.data import Rollout
+from rlfarm.data import Rollout, concat_rollouts
 from rlfarm.data_parallel import full_tensors, is_sharded, join_data_parallel, shard_model, wrap_data_parallel
 from rlfarm.engines.hf import HFEngine
+from rlfarm.engines.sampling import Rows
 from rlfarm.envs.text_tasks import DigitTokenizer, TextTaskSpec, text_task, text_tokenizer
 from rlfarm.models.lm import causal_lm, compute_dtype, trainable_state_dict
 from rlfarm.rewards.rollouts import score_rollout
@@ -60,6 +65,18 @@ def _serve_rendezvous(world_size: int) -> tuple[dist.TCPStore, str]:
     return store, f"{host}:{store.port}"
 
 
+def gpu_location() -> tuple[str, int]:
+    """(node id, the GPU Ray gave this actor, or -1): roles with equal locations share one GPU."""
+    gpu_ids = ray.get_gpu_ids()
+    return ray.get_runtime_context().get_node_id(), int(gpu_ids[0]) if gpu_ids else -1
+
+
+def call_seed(seed: int, call: int) -> int:
+    """The sampling seed of an engine's `call`-th generation: every engine of a run draws the same noise for the
+    same step (each uses its own rows of it, `Rows`), whatever it generated before."""
+    return int(np.random.SeedSequence([seed, call]).generate_state(1)[0])
+
+
 def _task_spec(cfg: GRPOConfig, task: TextTaskSpec | None) -> TextTaskSpec:
     """The task as given, or the digit task of `cfg` in the policy's tokenizer (its source, if loaded)."""
     if task is not None:
@@ -70,11 +87,19 @@ def _task_spec(cfg: GRPOConfig, task: TextTaskSpec | None) -> TextTaskSpec:
 
 class EngineRole:
     """Holds the prompt stream and an engine; `generate` returns (rollout, answers) for one round.
-    task: what to prompt with (None: the digit task of `cfg`)."""
+    task: what to prompt with (None: the digit task of `cfg`).
+    shard = (index, count): this engine's share of a step split across `count` engines (data-parallel
+    rollout): every engine draws the step's prompts from the same stream and generates prompts
+    index·P/count … (index+1)·P/count − 1 of them, with its rows of the step's sampling noise, so the
+    engines' parts, joined in index order, are the step one engine would generate from the same seed."""
 
-    def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32", task: TextTaskSpec | None = None):
+    def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32", task: TextTaskSpec | None = None,
+                 shard: tuple[int, int] = (0, 1)):
         limit_threads(threads)
         self.cfg = cfg
+        self.index, self.count = shard
+        if cfg.prompts_per_step % self.count:
+            raise ValueError(f"{cfg.prompts_per_step} prompts per step do not split across {self.count} engines")
         self.spec = _task_spec(cfg, task)
         self.task = text_task(self.spec)
         device = assigned_device()
@@ -82,20 +107,39 @@ class EngineRole:
         self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed)
         self.max_new_tokens = cfg.max_new_tokens or self.task.max_new_tokens
         self.receiver: WeightReceiver = PassThroughReceiver()  # the object store, until `open_sync` picks another
+        self.seed, self.calls = cfg.seed, 0
 
     def generate(self) -> tuple[Rollout, list[str]]:
-        prompts = self.task.sample(self.cfg.prompts_per_step)
-        rollout = self.engine.generate(prompts.prompt_ids, self.cfg.group_size, self.max_new_tokens,
-                                       self.cfg.temperature, self.cfg.top_p, eos_id=self.task.tokenizer.stop_ids)
-        return rollout, prompts.answers
+        prompts = self.task.sample(self.cfg.prompts_per_step)  # the whole step's: one stream for all engines
+        share, group = self.cfg.prompts_per_step // self.count, self.cfg.group_size
+        first = self.index * share
+        if self.count > 1:  # several engines: each call's noise the same in all of them (one engine: one stream)
+            self.engine.reseed(call_seed(self.seed, self.calls))
+        self.calls += 1
+        rollout = self.engine.generate(prompts.prompt_ids[first:first + share], group, self.max_new_tokens,
+                                       self.cfg.temperature, self.cfg.top_p, eos_id=self.task.tokenizer.stop_ids,
+                                       rows=Rows(first * group, self.cfg.prompts_per_step * group))
+        return rollout, prompts.answers[first:first + share]
+
+    def generate_with_stats(self) -> tuple[tuple[Rollout, list[str]], dict]:
+        """`generate`, and what the driver reads without fetching the rollout (call with num_returns=2):
+        {"generate_s", "tokens", "version"}."""
+        started = time.perf_counter()
+        generated = self.generate()
+        rollout = generated[0]
+        return generated, {"generate_s": time.perf_counter() - started, "tokens": int(rollout.response_mask.sum()),
+                           "version": rollout.weight_version}
 
     def reseed(self, seed: int) -> None:
         """A resumed run: new prompt and sampling streams, so it does not replay the first run's prompts."""
         self.task = text_task(replace(self.spec, seed=seed))
-        self.engine.reseed(seed)
+        self.seed, self.calls = seed, 0
 
     def device(self) -> str:
         return str(self.engine.device)
+
+    def location(self) -> tuple[str, int]:
+        return gpu_location()
 
     def open_sync(self, transport: str, address: str | None = None, rank: int = 1, world_size: int = 2) -> None:
         """Build this engine's receiver for `transport`, once (a broadcast: join the learner's group, at the same
@@ -137,6 +181,12 @@ class TextLabeler:
         rollout, answers = generated
         return score_rollout(rollout, answers, self.tokenizer, self.verifier, self.tokenizer.stop_ids)
 
+    def score_with_stats(self, generated: tuple[Rollout, list[str]]) -> tuple[np.ndarray, dict]:
+        """`score`, and its time {"score_s"} (call with num_returns=2)."""
+        started = time.perf_counter()
+        rewards = self.score(generated)
+        return rewards, {"score_s": time.perf_counter() - started}
+
 
 class LMLearner:
     """Updates the policy on a rollout and its rewards — advantages from the groups' rewards (GRPO) or from a
@@ -165,6 +215,7 @@ class LMLearner:
         self.sender: WeightSender = HostSender()  # the object store, until `join_sync` builds another
         self._sync: tuple[str, int, dist.TCPStore | None] | None = None  # open_sync: transport, size, rendezvous
         self._gathered: dict[str, torch.Tensor] = {}  # under FSDP, rank 0: the whole trainable tensors
+        self.publish_s = 0.0  # the last `publish`'s time, reported with the next update
 
     def _optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=self.cfg.lr,
@@ -178,8 +229,8 @@ class LMLearner:
         return {name: t.to(self.compute_dtype) for name, t in trainable_state_dict(self.model).items()}
 
     def _gather(self) -> None:
-        """FSDP, every rank at once: all-gather the trainable shards; rank 0 keeps them (in the engine's dtype)
-        for the next publish, the others drop them. One tensor at a time, so a rank holds one extra at most."""
+        """FSDP, every rank at once: all-gather the trainable shards; rank 0 (the one that publishes under FSDP)
+        keeps them (in the engine's dtype) for the next publish, the others drop them. One tensor at a time, so a rank holds one extra at most."""
         gathered = {}
         for name, shard in trainable_state_dict(self.model).items():
             whole = full_tensors({name: shard})[name]
@@ -188,9 +239,12 @@ class LMLearner:
         self._gathered = gathered
 
     def open_sync(self, transport: str, engines: int = 1) -> str | None:
-        """Rank 0, once: start the weight sync to `engines` engines by `transport`. Returns the address they
-        join (`EngineRole.open_sync`) when the transport is a process group (None otherwise)."""
+        """A publishing rank (rank 0; under IPC each rank sharing an engine's GPU), once: start the weight sync to
+        `engines` engines by `transport`. Returns the address they join (`EngineRole.open_sync`) when the
+        transport is a process group (None otherwise)."""
         rendezvous, address = _serve_rendezvous(1 + engines) if uses_group(transport) else (None, None)
+        if self.rank and is_sharded(self.model):  # its gathered tensors were dropped (`_gather`)
+            raise ValueError("under FSDP only learner rank 0 publishes weights")
         self._sync = (transport, 1 + engines, rendezvous)
         return address
 
@@ -203,8 +257,18 @@ class LMLearner:
         """Send the trainable tensors to the engines; returns (what each engine's `receive` reads: the host
         copies, the IPC handles, or None over a broadcast, version). Over a broadcast this returns only once
         the engines have received."""
+        started = time.perf_counter()
         self.version += 1
-        return self.sender.send(self._published()), self.version
+        sent = self.sender.send(self._published())
+        self.publish_s = time.perf_counter() - started
+        return sent, self.version
+
+    def weight_version(self) -> int:
+        """The version of the weights published last (the next `publish` sends version + 1)."""
+        return self.version
+
+    def location(self) -> tuple[str, int]:
+        return gpu_location()
 
     def open_data_parallel(self) -> str:
         """Rank 0: serve the data-parallel group's rendezvous on a free port; returns the address the others join."""
@@ -227,6 +291,17 @@ class LMLearner:
 
     def device(self) -> str:
         return str(self.cfg.device)
+
+    def update_gathered(self, generated: list, rewards: list) -> dict:
+        """One update on a step that several engines generated: `generated` and `rewards` hold each engine's
+        part (object refs, boxed so they are fetched here, in engine order); joined, they are the step.
+        Adds the update's own time and the last publish's."""
+        started = time.perf_counter()
+        parts = ray.get(list(generated))
+        rollout = concat_rollouts([part[0] for part in parts])
+        answers = [answer for part in parts for answer in part[1]]
+        metrics = self.update((rollout, answers), np.concatenate(ray.get(list(rewards))))
+        return metrics | {"update_s": time.perf_counter() - started, "publish_s": self.publish_s}
 
     def update(self, generated: tuple[Rollout, list[str]], rewards: np.ndarray) -> dict:
         rollout, _ = generated

@@ -138,6 +138,12 @@ CASES = [
     pytest.param(["train", "experiment=simplevla", "model=hf_vla", "model.source={tmp}/a_file"],
                  "model.source: '{tmp}/a_file' is a file, not a model folder", id="vla-source-a-file"),
     pytest.param(["train", "resume="], "resume= is not a run directory", id="resume-blank"),
+    # on-policy layouts: a step that does not split across the engines; overlap asked of time-shared engines
+    pytest.param(["train", "experiment=grpo_digits", "topology.roles.engine.count=3", "ray.num_cpus=4"],
+                 "algo.prompts_per_step=32 does not split across 3 engines", id="prompts-across-engines"),
+    pytest.param(["train", "experiment=grpo_digits", "topology=colocated", "ray.num_gpus=1", "algo.max_staleness=1"],
+                 "algo.max_staleness=1 needs engines on GPUs of their own", id="async-on-a-time-shared-gpu"),
+    pytest.param(["train", "experiment=grpo_digits", "algo.max_staleness=-1"], "algo.max_staleness", id="negative-staleness"),
     pytest.param(["eval", "run_dir="], "'' is not a run directory", id="eval-run-dir-blank"),
     pytest.param(["report", "path="], "no run under ''", id="report-path-blank"),
     pytest.param(["train", "env.id=HalfCheeta-v5"], "did you mean HalfCheetah-v5", id="env-id-typo"),

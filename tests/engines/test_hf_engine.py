@@ -194,3 +194,29 @@ def test_vllm_adapter_says_what_to_install():
         VLLMEngine("some/model", pad_id=0)
     assert str(error.value) == ("engine=vllm needs the vllm extra: pip install 'rlfarm[vllm]' on a CUDA machine; "
                                 "use engine=hf")
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "gpt2"])  # the static decoder, and the HF-cache loop
+def test_engines_splitting_a_step_generate_what_one_engine_would(model_type):
+    """Data-parallel rollout: two engines, each with its rows of the step's sampling noise (`Rows`) and the same
+    seed, give the samples one engine gives for the whole step, row for row."""
+    from rlfarm.data import concat_rollouts
+    from rlfarm.engines.sampling import Rows
+
+    model = tiny_model(model_type=model_type)
+    prompts, n = PROMPTS + [[1, 7, 14]], 3
+    whole = HFEngine(copy.deepcopy(model), pad_id=PAD, seed=5).generate(prompts, n, 6, eos_id=EOS)
+    parts = [HFEngine(copy.deepcopy(model), pad_id=PAD, seed=5).generate(prompts[first:first + 2], n, 6, eos_id=EOS,
+                                                                          rows=Rows(first * n, len(prompts) * n))
+             for first in (0, 2)]
+    joined = concat_rollouts(parts)
+    assert joined.response_ids.shape == whole.response_ids.shape
+    rows = whole.response_mask.bool()
+    assert torch.equal(joined.response_mask, whole.response_mask)
+    assert torch.equal(joined.response_ids[rows], whole.response_ids[rows])
+    torch.testing.assert_close(joined.logprobs, whole.logprobs, atol=1e-5, rtol=0)
+    assert torch.equal(joined.prompt_mask, whole.prompt_mask)
+    assert torch.equal(joined.prompt_ids[joined.prompt_mask.bool()], whole.prompt_ids[whole.prompt_mask.bool()])
+    # the other engine's rows are not these: a part alone (rows of its own) samples differently
+    alone = HFEngine(copy.deepcopy(model), pad_id=PAD, seed=5).generate(prompts[2:], n, 6, eos_id=EOS)
+    assert not torch.equal(alone.response_ids, whole.response_ids[2 * n:, :alone.response_ids.shape[1]])

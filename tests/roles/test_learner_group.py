@@ -68,14 +68,14 @@ def test_two_ranks_update_like_one_learner_on_the_whole_batch(ray_cpu, one_torch
         assert len(group.ranks) == 2 and len(set(group.gpu_ids)) == 2 and min(group.gpu_ids) >= 0
         metrics = group.update(ray.put(generated), ray.put(rewards))
         # what rank 0 would send the engines, and each rank's own tensors (under FSDP: its shards)
-        published, _ = ray.get(group.publish())
+        published, _ = ray.get(group.publish()[0])
         local = ray.get([rank.__ray_call__.remote(lambda self: {name: getattr(t, "_local_tensor", t).detach().clone()
                                                                 for name, t in self.model.named_parameters()})
                          for rank in group.ranks])
         checkpoint = torch.load(group.save(str(tmp_path / "final.pt"), {"updates": 1}), weights_only=True)
         group.update(ray.put(generated), ray.put(rewards))  # move on, then go back to the checkpoint
         assert group.load(str(tmp_path / "final.pt")) == {"updates": 1}
-        restored, version = ray.get(group.publish())
+        restored, version = ray.get(group.publish()[0])
     finally:
         group.kill()
         placed.remove()
