@@ -210,7 +210,7 @@ class LLMLoop(SyncLoop):
         progress.add(updates=1, samples=self.samples_per_update)
         progress["staleness_max"] = max(progress["staleness_max"], int(metrics["staleness"]))
         wall, samples = progress.wall_s, progress["samples"]
-        return {"updates": progress["updates"], "samples": samples, "wall_s": round(wall, 3),
+        return {"updates": progress["updates"], "samples": samples, "wall_s": round(wall, 3), "time": time.time(),
                 "reward_mean": progress.window_mean(), "samples_per_s": samples / max(wall, 1e-9),
                 "dropped_stale": progress["dropped_stale"], **metrics}
 
