@@ -21,3 +21,5 @@ for spec in "$@"; do
   cp "$dir"/summary.json "$dir"/metrics.jsonl "$dir"/train.log "$OUT/$name/" 2>/dev/null
 done
 python3 launch/device/llm_collect.py "$OUT" > "$OUT/llm_async.json"; cat "$OUT/llm_async.json"
+# the device tool brings back only a few files: the run folders travel as one archive
+(cd "$OUT" && tar czf runs.tgz --exclude=runs.tgz -- */ && rm -rf -- */)

@@ -88,8 +88,11 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
     # PPO's ratio is taken against the policy that sampled (the engine's logprobs) unless an importance correction
     # is asked for: then against the learner's own logprobs before this update, each token weighted by
     # learner/engine (truncated), so the engine's numerics or staleness never enter the clip (verl, slime: TIS).
+    # With one optimizer step (minibatches = 1) the policy before the update is the one the loss's own forward
+    # runs: its detached logprobs are the anchor, and no extra forward pass is paid (`anchored_here`).
     old_logprobs, is_weights, correction = engine_logprobs, None, {}
-    if cfg.is_correction != "none":
+    anchored_here = cfg.is_correction != "none" and cfg.minibatches == 1
+    if cfg.is_correction != "none" and not anchored_here:
         rows_per_pass = cfg.micro_batch_size or -(-len(input_ids) // cfg.minibatches)  # the update's own sizes
         with torch.no_grad(), autocast_to(device, compute_dtype):
             old_logprobs = torch.cat([sequence_logprobs(model, input_ids[rows], attention_mask[rows], response_start,
@@ -115,7 +118,7 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
             mine, weights = rows, torch.ones(len(rows), device=device)
         optimizer.zero_grad(set_to_none=True)
         # token sums over this rank's rows of loss, clipped and KL; then |Δ log p| and KL against the engine
-        sums = torch.zeros(5, device=device)
+        sums = torch.zeros(6, device=device)  # ... and the tokens whose importance weight was capped
         micro = cfg.micro_batch_size or len(mine)
         pieces = list(zip(mine.split(micro), weights.split(micro)))
         for k, (part, part_weights) in enumerate(pieces):
@@ -130,13 +133,19 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
                         with torch.no_grad():
                             ref_logprobs = sequence_logprobs(ref_model, input_ids[part], attention_mask[part],
                                                              response_start, rollout.temperature)
-                loss = grpo_loss(logprobs, old_logprobs[part], advantages[part], mask, cfg.clip_low,
+                anchor, weights = old_logprobs[part], None if is_weights is None else is_weights[part]
+                capped = torch.zeros((), device=device)
+                if anchored_here:
+                    anchor = logprobs.detach().float()
+                    weights, capped = truncated_is_weights(anchor, engine_logprobs[part], mask, cfg.is_correction,
+                                                           cfg.is_cap)
+                loss = grpo_loss(logprobs, anchor, advantages[part], mask, cfg.clip_low,
                                  cfg.clip_high, ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef, num_tokens=num_tokens,
-                                 token_weights=None if is_weights is None else is_weights[part])
+                                 token_weights=weights)
                 (loss * world_size).backward()  # under DDP the gradients are averaged: × N makes them a sum
             with torch.no_grad():
                 tokens = mask.sum()
-                kl = approx_kl(logprobs, old_logprobs[part], mask).float() * tokens
+                kl = approx_kl(logprobs, anchor, mask).float() * tokens
                 # Before the first optimizer step the learner still holds the policy the engine sampled with
                 # (or a newer one, if the rollout is stale): what differs there is the engine/learner mismatch.
                 unstepped = torch.zeros_like(kl)
@@ -145,10 +154,10 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
                     unstepped = torch.stack([masked_mean((logprobs - engine).abs(), mask).float() * tokens,
                                              approx_kl(logprobs, engine, mask).float() * tokens])
                 sums += torch.cat([torch.stack([loss.detach().float() * num_tokens,
-                                                clip_fraction(logprobs, old_logprobs[part], per_token(advantages[part]),
+                                                clip_fraction(logprobs, anchor, per_token(advantages[part]),
                                                               mask, cfg.clip_low, cfg.clip_high).float() * tokens,
                                                 kl]),
-                                   unstepped.expand(2)])
+                                   unstepped.expand(2), (capped.float() * tokens).reshape(1)])
         grad_norm = full_value(torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.max_grad_norm))
         optimizer.step()
         if world_size > 1:
@@ -158,6 +167,8 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
             totals[name] += value / cfg.minibatches
         if index == 0:  # measured on the first minibatch, before any step of this update
             totals["engine_logprob_gap"], totals["engine_kl_k3"] = means[3], means[4]
+        if anchored_here:
+            correction = {"is_capped_fraction": means[5]}
     model.eval()
     return totals | correction
 
