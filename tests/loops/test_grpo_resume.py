@@ -1,6 +1,8 @@
 """GRPO (the LLM on-policy loop) survives preemption: SIGTERM → preempted.pt + exit 75 → resume=auto continues
 after the checkpoint's update with the learner's weights, AdamW state and version; metrics.jsonl has every
-update once. With two FSDP learner ranks too (each restores its shards of the one checkpoint)."""
+update once. With two engines generating ahead (algo.max_staleness=1: the steps in flight are dropped, the resumed
+engines start from the checkpoint's weights), and with two FSDP learner ranks (each restores its shards of the one
+checkpoint)."""
 import json
 import signal
 import subprocess
@@ -21,8 +23,9 @@ def rows(run_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("placement", [[], ["topology=split_2_1", "ray.num_gpus=3", "ray.num_cpus=8",
-                                            "algo.data_parallel=fsdp"]], ids=["one-learner", "fsdp-2-ranks"])
+@pytest.mark.parametrize("placement", [["topology.roles.engine.count=2", "algo.max_staleness=1", "ray.num_cpus=4"],
+                                       ["topology=split_2_1", "ray.num_gpus=3", "ray.num_cpus=8",
+                                        "algo.data_parallel=fsdp"]], ids=["two-engines-async", "fsdp-2-ranks"])
 def test_grpo_sigterm_checkpoints_then_resume_auto_continues(tmp_path, placement):
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "rlfarm.cli", "train", "experiment=grpo_digits", f"hydra.run.dir={run_dir}",
@@ -52,5 +55,6 @@ def test_grpo_sigterm_checkpoints_then_resume_auto_continues(tmp_path, placement
     assert summary["updates"] == total and [row["updates"] for row in logged] == list(range(1, total + 1))
     assert summary["samples"] == total * 8 * 8 and logged[-1]["samples"] == summary["samples"]
     assert logged[stopped_at]["staleness"] == 0  # the first resumed rollout came from the restored weights
+    assert all(row["staleness"] <= summary["max_staleness"] for row in logged)  # none older than the bound
     assert summary["wall_s"] >= logged[stopped_at - 1]["wall_s"]  # wall time continues, it does not restart
     assert not (run_dir / "status.json").exists()
