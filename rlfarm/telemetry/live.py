@@ -31,7 +31,8 @@ ONPOLICY_COLUMNS = (
     ("updates", "updates", "{:,.0f}"), ("samples_per_s", "samples/s", "{:,.0f}"), ("reward", "reward", "{:.3f}"),
     ("reward_mean", "reward (last 10)", "{:.3f}"), ("kept_groups", "kept groups", "{:.2f}"),
     ("entropy", "entropy", "{:.2f}"), ("generated_tokens_per_s", "gen tok/s", "{:,.0f}"),
-    ("step_s", "step s", "{:.2f}"), ("sync_s", "sync s", "{:.3f}"), ("wall_s", "wall s", "{:,.0f}"),
+    ("step_s", "step s", "{:.2f}"), ("sync_s", "sync s", "{:.3f}"), ("staleness", "stale", "{:.0f}"),
+    ("engine_busy", "engine busy", "{:.0%}"), ("learner_busy", "learner busy", "{:.0%}"), ("wall_s", "wall s", "{:,.0f}"),
 )
 PPO_COLUMNS = (
     ("env_steps", "env steps", "{:,.0f}"), ("env_steps_per_s", "env steps/s", "{:,.0f}"), ("updates", "updates", "{:,.0f}"),

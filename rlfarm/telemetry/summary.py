@@ -31,7 +31,19 @@ def summary_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
 def onpolicy_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
     return (f"Done: {cfg.algo.name} on the '{cfg.env.task}' task ({cfg.topology.name}) ran {s['updates']:,} updates "
             f"({s['samples']:,} samples) in {s['wall_s']:.0f} s; mean reward of the last 10 updates "
-            f"{s['reward_mean']:.3f}{_target(s, 'target_reward')}. Run dir: {run_dir}.")
+            f"{s['reward_mean']:.3f}{_target(s, 'target_reward')}.{_step_against_stages(s.get('median') or {})} "
+            f"Run dir: {run_dir}.")
+
+
+def _step_against_stages(median: dict) -> str:
+    """The median step next to its slowest stage, which names the bottleneck."""
+    stages = {name: median[key] for name, key in (("generate", "generate_s"), ("update", "update_s"))
+              if median.get(key)}
+    if not median.get("step_s") or not stages:
+        return ""
+    name = max(stages, key=stages.get)
+    return (f" Median step {median['step_s']:.3f} s = {median['step_s'] / stages[name]:.2f}× its slowest stage "
+            f"({name} {stages[name]:.3f} s: the bottleneck).")
 
 
 def ppo_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:

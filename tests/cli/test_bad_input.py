@@ -187,7 +187,7 @@ CASES = [
     pytest.param(["train", "experiment=grpo_digits", "algo.data_parallel=zero3"],
                  "algo.data_parallel must be one of ddp|fsdp", id="grpo-unknown-data-parallel"),
     pytest.param(["train", "experiment=grpo_digits", "algo.is_correction=tis"],
-                 "algo.is_correction must be one of none|token_tis|seq_tis", id="grpo-unknown-is-correction"),
+                 "algo.is_correction must be one of auto|none|token_tis|seq_tis", id="grpo-unknown-is-correction"),
     pytest.param(["train", "experiment=grpo_digits", "algo.is_cap=0.5"], "algo.is_cap must be >= 1",
                  id="grpo-is-cap-below-one"),
     pytest.param(["train", "experiment=ppo_lm_digits", "topology=split_2_1"],
