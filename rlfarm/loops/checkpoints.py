@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 
 from rlfarm.checkpoint_files import remove_checkpoint
 from rlfarm.errors import Preempted
@@ -89,6 +89,13 @@ class PeriodicCheckpoints:
         for old in sorted(self.run.checkpoint_dir.glob("step_*.pt"))[:-KEEP]:
             remove_checkpoint(old)  # with its .sha256
         log.info("checkpoint %s", path)
+
+    def _land_last_checkpoint(self, timeout_s: float) -> None:
+        """At the loop's end: wait (at most timeout_s) for the periodic checkpoint in flight, so it is logged and
+        rotated like the others instead of landing unannounced after the run."""
+        if self._in_flight is not None:
+            wait([self._in_flight[1]], timeout=timeout_s)
+            self._land_checkpoint()
 
     def _after_update(self, updates: int, **checkpoint_args) -> None:
         """Between cycles: a periodic checkpoint when one is due; after SIGTERM, preempted.pt and the exit."""

@@ -140,6 +140,7 @@ class OffPolicyLoop(PeriodicCheckpoints):
             for actor in [*roles.labelers, roles.learner]:
                 actor.stop.remote()  # a flag each role reads; what they do next is awaited in _wait
             self._wait()                                                                  # 3. owed updates
+            self._land_last_checkpoint(self._save_deadline_s("step"))
             row = self._record()
             view.update(row)
         return self._summary(row)                                                         # 4. summary

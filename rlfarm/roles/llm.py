@@ -71,12 +71,6 @@ def gpu_location() -> tuple[str, int]:
     return ray.get_runtime_context().get_node_id(), int(gpu_ids[0]) if gpu_ids else -1
 
 
-def call_seed(seed: int, call: int) -> int:
-    """The sampling seed of an engine's `call`-th generation: every engine of a run draws the same noise for the
-    same step (each uses its own rows of it, `Rows`), whatever it generated before."""
-    return int(np.random.SeedSequence([seed, call]).generate_state(1)[0])
-
-
 def _task_spec(cfg: GRPOConfig, task: TextTaskSpec | None) -> TextTaskSpec:
     """The task as given, or the digit task of `cfg` in the policy's tokenizer (its source, if loaded)."""
     if task is not None:
@@ -90,8 +84,9 @@ class EngineRole:
     task: what to prompt with (None: the digit task of `cfg`).
     shard = (index, count): this engine's share of a step split across `count` engines (data-parallel
     rollout): every engine draws the step's prompts from the same stream and generates prompts
-    index·P/count … (index+1)·P/count − 1 of them, with its rows of the step's sampling noise, so the
-    engines' parts, joined in index order, are the step one engine would generate from the same seed."""
+    index·P/count … (index+1)·P/count − 1 of them, with its rows of the step's sampling noise (`Rows`). From the
+    same seed the engines' parts of the first step, joined in index order, are what one engine generates; later
+    steps are drawn alike but not identically (each engine's noise stream advances by its own decode steps)."""
 
     def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32", task: TextTaskSpec | None = None,
                  shard: tuple[int, int] = (0, 1)):
@@ -107,15 +102,11 @@ class EngineRole:
         self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed)
         self.max_new_tokens = cfg.max_new_tokens or self.task.max_new_tokens
         self.receiver: WeightReceiver = PassThroughReceiver()  # the object store, until `open_sync` picks another
-        self.seed, self.calls = cfg.seed, 0
 
     def generate(self) -> tuple[Rollout, list[str]]:
         prompts = self.task.sample(self.cfg.prompts_per_step)  # the whole step's: one stream for all engines
         share, group = self.cfg.prompts_per_step // self.count, self.cfg.group_size
         first = self.index * share
-        if self.count > 1:  # several engines: each call's noise the same in all of them (one engine: one stream)
-            self.engine.reseed(call_seed(self.seed, self.calls))
-        self.calls += 1
         rollout = self.engine.generate(prompts.prompt_ids[first:first + share], group, self.max_new_tokens,
                                        self.cfg.temperature, self.cfg.top_p, eos_id=self.task.tokenizer.stop_ids,
                                        rows=Rows(first * group, self.cfg.prompts_per_step * group))
@@ -133,7 +124,7 @@ class EngineRole:
     def reseed(self, seed: int) -> None:
         """A resumed run: new prompt and sampling streams, so it does not replay the first run's prompts."""
         self.task = text_task(replace(self.spec, seed=seed))
-        self.seed, self.calls = seed, 0
+        self.engine.reseed(seed)
 
     def device(self) -> str:
         return str(self.engine.device)
@@ -297,11 +288,14 @@ class LMLearner:
         part (object refs, boxed so they are fetched here, in engine order); joined, they are the step.
         Adds the update's own time and the last publish's."""
         started = time.perf_counter()
-        parts = ray.get(list(generated))
+        metrics = self.update_parts(ray.get(list(generated)), ray.get(list(rewards)))
+        return metrics | {"update_s": time.perf_counter() - started, "publish_s": self.publish_s}
+
+    def update_parts(self, parts: list[tuple[Rollout, list[str]]], rewards: list[np.ndarray]) -> dict:
+        """One update on the engines' parts of a step, joined in order."""
         rollout = concat_rollouts([part[0] for part in parts])
         answers = [answer for part in parts for answer in part[1]]
-        metrics = self.update((rollout, answers), np.concatenate(ray.get(list(rewards))))
-        return metrics | {"update_s": time.perf_counter() - started, "publish_s": self.publish_s}
+        return self.update((rollout, answers), np.concatenate(rewards))
 
     def update(self, generated: tuple[Rollout, list[str]], rewards: np.ndarray) -> dict:
         rollout, _ = generated

@@ -7,12 +7,16 @@ from helpers import metrics_rows, read_summary, train
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("staleness", [1, 2])
-def test_grpo_digits_learns_with_stale_rollouts_from_two_engines(tmp_path, staleness):
+@pytest.mark.parametrize("staleness, weight_sync", [(1, "broadcast"), (2, "auto")])
+def test_grpo_digits_learns_with_stale_rollouts_from_two_engines(tmp_path, staleness, weight_sync):
+    """k = 1 through one broadcast group (learner + 2 engines; gloo here): the learner's publish waits for the
+    engines to finish the step they are generating; k = 2 through the object store."""
     run_dir = tmp_path / "run"
-    out = train(run_dir, "experiment=grpo_digits", f"algo.max_staleness={staleness}",
+    out = train(run_dir, "experiment=grpo_digits", f"algo.max_staleness={staleness}", f"algo.weight_sync={weight_sync}",
                 "topology.roles.engine.count=2", "ray.num_cpus=4")
     assert out.returncode == 0, out.stderr[-3000:]
+    expected = "broadcast" if weight_sync == "broadcast" else "object_store"
+    assert f"weight sync learner → 2 engine(s): {expected}" in out.stdout + out.stderr
     summary = read_summary(run_dir)
     assert summary["reached_target"] and summary["reward_mean"] >= 0.95, summary
     assert summary["engines"] == 2 and summary["max_staleness"] == staleness and summary["dropped_stale"] == 0

@@ -1,8 +1,8 @@
 """GRPO (the LLM on-policy loop) survives preemption: SIGTERM → preempted.pt + exit 75 → resume=auto continues
 after the checkpoint's update with the learner's weights, AdamW state and version; metrics.jsonl has every
-update once. With two engines generating ahead (algo.max_staleness=1: the steps in flight are dropped, the resumed
-engines start from the checkpoint's weights), and with two FSDP learner ranks (each restores its shards of the one
-checkpoint)."""
+update once. With two FSDP learner ranks (each restores its shards of the one checkpoint) and two engines generating
+ahead (algo.max_staleness=1: the steps in flight are dropped, the resumed engines start from the checkpoint's
+weights)."""
 import json
 import signal
 import subprocess
@@ -23,10 +23,10 @@ def rows(run_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("placement", [["topology.roles.engine.count=2", "algo.max_staleness=1", "ray.num_cpus=4"],
-                                       ["topology=split_2_1", "ray.num_gpus=3", "ray.num_cpus=8",
-                                        "algo.data_parallel=fsdp"]], ids=["two-engines-async", "fsdp-2-ranks"])
-def test_grpo_sigterm_checkpoints_then_resume_auto_continues(tmp_path, placement):
+def test_grpo_sigterm_checkpoints_then_resume_auto_continues(tmp_path):
+    # two FSDP learner ranks (CPU, declared GPUs) and two engines generating one step ahead
+    placement = ["topology=split_2_1", "ray.num_gpus=3", "ray.num_cpus=8", "algo.data_parallel=fsdp",
+                 "topology.roles.engine.count=2", "topology.roles.engine.gpus=0.25", "algo.max_staleness=1"]
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "rlfarm.cli", "train", "experiment=grpo_digits", f"hydra.run.dir={run_dir}",
             "run.live=false", f"algo.max_updates={UPDATES}", "algo.target_reward=null", "algo.prompts_per_step=8",

@@ -45,12 +45,3 @@ def test_two_data_parallel_learner_ranks_give_the_one_learners_first_step(tmp_pa
     for key in ("loss", "grad_norm", "clip_fraction", "approx_kl"):
         assert two[0][key] == pytest.approx(one[0][key], rel=1e-5, abs=1e-6), key
 
-
-def test_two_engines_splitting_each_step_give_the_one_engines_first_update(tmp_path):
-    """Data-parallel rollout: each engine generates half the step's prompts with its rows of the step's sampling
-    noise, the learner joins the halves in order, so the first update is the one engine's (same seed)."""
-    one = first_rows(tmp_path, "split_1_1", 2)
-    two = first_rows(tmp_path, "local_llm", 0, "topology.roles.engine.count=2", "topology.roles.labeler.count=2")
-    assert two[0]["reward"] == one[0]["reward"] and two[0]["response_len"] == one[0]["response_len"]
-    for key in ("loss", "grad_norm", "entropy", "approx_kl"):
-        assert two[0][key] == pytest.approx(one[0][key], rel=1e-5, abs=1e-6), key

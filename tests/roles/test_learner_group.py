@@ -115,3 +115,22 @@ def test_gradient_accumulation_in_micro_batches_updates_like_whole_minibatches(o
         assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
     for name, value in parameters(whole.model).items():
         torch.testing.assert_close(parameters(pieces.model)[name], value, rtol=0, atol=1e-5)
+
+
+def test_two_engines_splitting_a_step_give_the_one_engines_update():
+    """Data-parallel rollout, roles without Ray: two engines each generate half the step (their rows of its
+    sampling noise), the learner joins the halves in order, and the update is the one engine's (same seed)."""
+    cfg = GRPOConfig(prompts_per_step=4, group_size=4, seed=3)
+    scorer = TextLabeler(cfg)
+    whole = EngineRole(cfg).generate()
+    halves = [EngineRole(cfg, shard=(index, 2)).generate() for index in (0, 1)]
+    assert [len(answers) for _, answers in halves] == [2, 2] and halves[0][1] + halves[1][1] == whole[1]
+    one, two = LMLearner(cfg), LMLearner(cfg)
+    expected = one.update(whole, scorer.score(whole))
+    got = two.update_parts(halves, [scorer.score(half) for half in halves])
+    assert got["reward"] == expected["reward"] and got["response_len"] == expected["response_len"]
+    for key in ("loss", "grad_norm", "entropy"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+    for name, tensor in parameters(two.model).items():
+        # AdamW's first step divides by |g|: gradients 1e-7 apart move a near-zero-gradient weight by ~1e-6
+        torch.testing.assert_close(tensor, parameters(one.model)[name], atol=1e-5, rtol=1e-5)
