@@ -12,7 +12,8 @@ from rlfarm.models.lm import tempered_log_softmax
 class Rows(NamedTuple):
     """Where one engine's samples sit in a step that several engines split (rows first … first + B − 1 of the
     step's `total`). Each engine draws the sampling noise of the whole step and uses its own rows, so a step's
-    samples do not depend on how many engines share it — N engines give what one would, from the same seed.
+    samples do not depend on how many engines share it: from the same generator state, N engines give what one
+    would (each engine's stream then advances by its own number of decode steps).
     The price: each draws total/B times the noise it uses, small next to a decode step's forward."""
     first: int
     total: int
