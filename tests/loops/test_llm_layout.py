@@ -39,3 +39,21 @@ def test_a_mix_and_cpu_roles_go_through_the_object_store():
 def test_a_transport_that_cannot_reach_an_engine_is_refused(choice, learners, engines, needle):
     with pytest.raises(ConfigError, match=needle):
         plan_weight_sync(choice, learners, engines, on_gpus=True)
+
+
+@pytest.mark.parametrize("name, learners, engines, time_shared", [
+    ("split_2_2", 2, 2, False), ("split_4_4", 4, 4, False), ("colocated_4", 4, 4, True)])
+def test_the_scale_out_topologies_give_each_engine_and_each_rank_a_gpu_of_its_own_kind(name, learners, engines,
+                                                                                         time_shared):
+    """Placed dry (no Ray): one learner rank per GPU, one engine per GPU; split engines on GPUs no rank holds,
+    colocated ones each on a rank's GPU; the scorers (rule verifiers) on CPU."""
+    from rlfarm.config import compose
+    from rlfarm.loops.llm_layout import time_shared_in_plan
+    from rlfarm.topology import plan_topology
+
+    plan = plan_topology(compose("train", ["experiment=grpo_digits", f"topology={name}"]).topology, "onpolicy")
+    ranks = [(p.pool, p.bundle) for p in plan.of("learner")]
+    gens = [(p.pool, p.bundle) for p in plan.of("engine")]
+    assert len(set(ranks)) == len(ranks) == learners and len(set(gens)) == len(gens) == engines
+    assert bool(set(ranks) & set(gens)) == time_shared == time_shared_in_plan(plan)
+    assert all(p.gpus == 0 for p in plan.of("labeler"))
