@@ -42,11 +42,9 @@ def test_train_writes_a_complete_run_directory(tmp_path):
     assert state["updates"] == summary["updates"]
 
 
-def test_multirun_sweep_gives_one_run_dir_each(tmp_path):
-    out = rlfarm("train", "-m", "seed=1,2", f"hydra.sweep.dir={tmp_path}/sweep", "hydra.sweep.subdir=${hydra.job.num}",
-                 *TINY[:1], "total_env_steps=300", *TINY[1:])
-    assert out.returncode == 0, out.stderr[-2000:]
-    summaries = sorted((tmp_path / "sweep").glob("*/summary.json"))
+def test_multirun_sweep_gives_one_run_dir_each(tiny_sweep):
+    """`rlfarm train -m seed=1,2` (the shared sweep of tests/conftest.py): one complete run directory per point."""
+    summaries = sorted(tiny_sweep.glob("*/summary.json"))
     assert len(summaries) == 2
     seeds = {json.loads((p.parent / "config.yaml").read_text().split("seed: ")[1].split("\n")[0]) for p in summaries}
     assert seeds == {1, 2}

@@ -21,16 +21,9 @@ def test_ppo_lm_digits_reaches_095_within_5_minutes(tmp_path):
     rows = metrics_rows(run_dir)
     assert rows[0]["reward"] < 0.3  # it started near chance
     assert rows[-1]["value_loss"] < rows[0]["value_loss"] or rows[-1]["value_rmse"] < 0.1  # the critic learned
-
-
-def test_ppo_lm_runs_through_the_roles(tmp_path):
-    """A 3-update smoke run: the learner holds a critic, the metrics show it, the checkpoint saves it."""
-    run_dir = tmp_path / "run"
-    out = train(run_dir, "algo.max_updates=3", "algo.prompts_per_step=8", timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = read_summary(run_dir)
-    assert summary["updates"] == 3 and summary["samples"] == 3 * 8
-    rows = metrics_rows(run_dir)
+    # the learner holds a critic: the metrics show it, the checkpoint saves it
     assert all("value_loss" in row and "value_rmse" in row for row in rows)
+    assert summary["samples"] == summary["updates"] * 256
     import torch
     assert "critic" in torch.load(run_dir / "checkpoints" / "final.pt", weights_only=True)
+
