@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlfarm.algos.grpo_lm import GRPOConfig
 from rlfarm.envs.text_tasks import TextTaskSpec
 from rlfarm.errors import ConfigError
-from rlfarm.loops.llm_layout import WeightSyncPlan, check_rollout_layout, plan_weight_sync, sharing_rank
+from rlfarm.loops.llm_layout import WeightSyncPlan, plan_weight_sync, sharing_rank
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
 from rlfarm.roles.learner_group import start_learner_group
@@ -83,7 +83,7 @@ class Launched:
     """One step's rollout in flight: each engine's part and its score, as refs, and the weight version the
     engines generate it with (the driver's count of the pushes before it)."""
     generated: list[ray.ObjectRef]
-    stats: list[ray.ObjectRef]          # per engine: {"generate_s", "tokens", "version"}
+    stats: list[ray.ObjectRef]          # per engine: {"generate_s", "tokens"}
     rewards: list[ray.ObjectRef]
     score_stats: list[ray.ObjectRef]    # per part: {"score_s"}
     version: int
@@ -93,8 +93,7 @@ class LLMLoop(SyncLoop):
     def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None):
         self.cfg, self.run = cfg, run
         grpo = grpo_config(cfg)
-        plan = placed.plan
-        check_rollout_layout(cfg, plan)
+        plan = placed.plan  # `check_rollout_layout` passed before the roles started (rlfarm/commands/train.py)
         (learner, *_), engines, scorers = plan.of("learner"), plan.of("engine"), plan.of("labeler")
         dtype = str(cfg.model.get("dtype", "float32"))
         self.learners = start_learner_group(learner_rank_options(placed, plan.of("learner")), grpo, learner.threads,

@@ -114,12 +114,11 @@ class EngineRole:
 
     def generate_with_stats(self) -> tuple[tuple[Rollout, list[str]], dict]:
         """`generate`, and what the driver reads without fetching the rollout (call with num_returns=2):
-        {"generate_s", "tokens", "version"}."""
+        {"generate_s", "tokens"}."""
         started = time.perf_counter()
         generated = self.generate()
         rollout = generated[0]
-        return generated, {"generate_s": time.perf_counter() - started, "tokens": int(rollout.response_mask.sum()),
-                           "version": rollout.weight_version}
+        return generated, {"generate_s": time.perf_counter() - started, "tokens": int(rollout.response_mask.sum())}
 
     def reseed(self, seed: int) -> None:
         """A resumed run: new prompt and sampling streams, so it does not replay the first run's prompts."""
@@ -221,7 +220,8 @@ class LMLearner:
 
     def _gather(self) -> None:
         """FSDP, every rank at once: all-gather the trainable shards; rank 0 (the one that publishes under FSDP)
-        keeps them (in the engine's dtype) for the next publish, the others drop them. One tensor at a time, so a rank holds one extra at most."""
+        keeps them (in the engine's dtype) for the next publish, the others drop them. One tensor at a time, so a
+        rank holds one extra at most."""
         gathered = {}
         for name, shard in trainable_state_dict(self.model).items():
             whole = full_tensors({name: shard})[name]
