@@ -21,6 +21,8 @@ COMMANDS = {
     "plan": ("rlfarm.commands.plan", "train", "show where each role goes: rlfarm plan topology=split_1_3"),
     "eval": ("rlfarm.commands.eval", "eval", "play a trained policy, write returns and videos: rlfarm eval run_dir=<run>"),
     "report": ("rlfarm.commands.report", "report", "plot a run or a sweep: rlfarm report path=<run or multirun dir>"),
+    "fit-reward": ("rlfarm.commands.fit_reward", "fit_reward",
+                   "fit a reward model to frames: rlfarm fit-reward env=pendulum (then reward=model reward.model=...)"),
     "bench": ("rlfarm.commands.bench", "bench", "measure a stage next to its baseline: rlfarm bench learner|labeler|engine|sync|pipeline"),
 }
 HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--shell-completion", "-sc"}
@@ -30,7 +32,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 def usage() -> str:
     lines = ["usage: rlfarm <command> [key=value ...] [-m]", "", "commands:"]
-    lines += [f"  {name:<8} {desc}" for name, (_, _, desc) in COMMANDS.items()]
+    lines += [f"  {name:<10} {desc}" for name, (_, _, desc) in COMMANDS.items()]
     lines += ["", "Each command takes Hydra overrides; `rlfarm <command> --help` lists its config groups."]
     return "\n".join(lines)
 

@@ -181,6 +181,25 @@ def validate(cfg: DictConfig) -> None:
     if cfg.algo.family == "vla":
         check_vla_policy(cfg)
     check_targets(cfg)
+    check_fitted_reward(cfg)
+
+
+MODULE_REWARD = "rlfarm.rewards.model.ModuleReward"
+
+
+def check_fitted_reward(cfg: DictConfig) -> None:
+    """reward=model reward.model=<file>: the file is one rlfarm fit-reward wrote (read now, not in a labeler)."""
+    model = OmegaConf.select(cfg, "reward.model", default=None)
+    if OmegaConf.select(cfg, "reward._target_", default=None) != MODULE_REWARD or model is None:
+        return
+    from rlfarm.rewards.base import RewardModelError
+    from rlfarm.rewards.fitted import read_fitted
+
+    try:
+        read_fitted(os.path.expanduser(str(model)))
+    except RewardModelError as error:
+        problem, _, fix = str(error).rpartition("; ")
+        raise ConfigError(f"reward.model: {problem}", fix) from None
 
 
 ENV_REWARD = "rlfarm.rewards.env.EnvReward"
@@ -470,6 +489,8 @@ def path_problem(value: str, kind: PathKind) -> str | None:
     if not value.strip():
         return f"blank ({value!r})"
     path = Path(os.path.expanduser(value))
+    if kind is PathKind.model_or_file:
+        kind = PathKind.file if path.is_file() else PathKind.model
     if kind is PathKind.file:
         if not path.exists():
             return f"no such file '{value}'"

@@ -51,6 +51,12 @@ class Advantage(Choice):  # grpo: rewards normalized within each group | gae: a 
     gae = "gae"
 
 
+class RewardTarget(Choice):  # rlfarm fit-reward: what the fitted model learns to predict
+    env_reward = "env_reward"
+    success = "success"
+    file = "file"
+
+
 class Ranged:
     """A schema whose fields are checked against rlfarm.settings.RANGES when it is built."""
 
@@ -218,9 +224,37 @@ class TrainSchema(Ranged):
     run: RunSchema
 
 
+@dataclass
+class FitSchema(Ranged):
+    epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    holdout: float
+    device: str
+    compile: bool
+
+
+@dataclass
+class FitRewardSchema(Ranged):
+    """conf/fit_reward.yaml's own keys (rlfarm fit-reward)."""
+    env: Any
+    net: Any
+    target: RewardTarget
+    labels: Optional[str]
+    policy: str
+    frames: int
+    frame_size: int
+    num_envs: int
+    seed: int
+    fit: FitSchema
+    report_frames: int
+
+
 class PathKind(Enum):
     file = "file"  # a non-empty file
     model = "model"  # a folder written by save_pretrained (has config.json), or a hub id like org/name
+    model_or_file = "model_or_file"  # a non-empty file (reward=model: a fitted reward), or else a model as above
 
 
 @dataclass(frozen=True)
@@ -232,8 +266,9 @@ class PathSetting:
 # Settings that name something on disk, and what each must be. rlfarm.config.check_paths checks them before
 # anything starts: a role that cannot open its model or file dies only after Ray started, in a wall of log.
 PATH_SETTINGS = {
-    "reward.model": PathSetting(PathKind.model, "a model folder written by save_pretrained, or a hub id like "
-                                                "openai/clip-vit-base-patch16"),  # reward=clip, HF reward models
+    "reward.model": PathSetting(PathKind.model_or_file, "a model folder written by save_pretrained, a hub id like "
+                                                        "openai/clip-vit-base-patch16, or for reward=model a file "
+                                                        "from rlfarm fit-reward"),  # reward=clip|model, HF models
     "reward.checkpoint": PathSetting(PathKind.file, "a state_dict or TorchScript file, or null"),  # reward=model
     "model.source": PathSetting(PathKind.model, "a folder written by save_pretrained, or a hub id like "
                                                 "Qwen/Qwen2.5-0.5B"),  # model=hf_lm|hf_vla (a VLA: a folder only)
@@ -255,6 +290,7 @@ ALGO_SCHEMAS = {"sac": SACSchema, "ppo": PPOSchema, "grpo": GRPOSchema, "ppo_lm"
 
 STORE = ConfigStore.instance()
 STORE.store(group="schema", name="train", node=TrainSchema)
+STORE.store(group="schema", name="fit_reward", node=FitRewardSchema)
 STORE.store(group="schema/env", name="gym", node=GymEnvSchema)
 for name, schema in ALGO_SCHEMAS.items():
     STORE.store(group="schema/algo", name=name, node=schema)

@@ -41,6 +41,10 @@ RANGES = {
                      "restart_timeout_s", "role_timeout_s", "num_cpus", "ready_timeout_s"), POSITIVE),
     **dict.fromkeys(("seed", "bus_timeout_s", "max_restarts", "num_gpus", "checkpoint_every_updates",
                      "checkpoint_every_min"), NON_NEGATIVE),
+    # rlfarm fit-reward (conf/fit_reward.yaml)
+    **dict.fromkeys(("frames", "frame_size"), POSITIVE),
+    **dict.fromkeys(("weight_decay", "report_frames"), NON_NEGATIVE),
+    "holdout": ("in (0, 1)", lambda v: 0 < v < 1),
 }
 
 

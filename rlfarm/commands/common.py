@@ -1,10 +1,14 @@
 """Shared steps of the commands: compose-and-validate before Hydra starts a run."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.cluster import cluster_address
-from rlfarm.config import CONF_DIR, check_known_keys, check_output_dir, compose, sweep_variants, validate
+from rlfarm.config import (CONF_DIR, check_known_keys, check_output_dir, check_schema_ranges, compose, sweep_variants,
+                           validate)
+from rlfarm.errors import ConfigError
 from rlfarm.topology import check_cluster, local_resources, plan_topology
 
 MULTIRUN_FLAGS = {"-m", "--multirun"}
@@ -17,16 +21,30 @@ def split_args(args: list[str]) -> tuple[list[str], bool]:
 
 
 def compose_checked(config_name: str, args: list[str]) -> DictConfig:
+    """train's config (and each sweep variant's): composed, validated, every key known; the run dir writable."""
+    def check(cfg: DictConfig) -> None:
+        validate(cfg)
+        check_known_keys(cfg)
+
+    return compose_checked_with(config_name, args, check)
+
+
+def compose_checked_with(config_name: str, args: list[str], check: Callable[[DictConfig], None]) -> DictConfig:
+    """Compose the config (each sweep variant's with -m), required keys set and schema ranges met, then `check`
+    it; the output directory must be creatable. Returns the first sweep point (or the only config)."""
     overrides, multirun = split_args(args)
     # hydra/* overrides only shape the launch, not the job's config: leave them to Hydra itself.
     overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
     variants = sweep_variants(overrides) if multirun else [overrides]
     configs = [compose(config_name, variant) for variant in variants]
     for cfg in configs:
-        validate(cfg)
-        check_known_keys(cfg)
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise ConfigError(f"{missing[0]} is required but not set", f"pass {missing[0]}=<value> on the command line")
+        check_schema_ranges(cfg)
+        check(cfg)
     check_output_dir(*output_dir(config_name, args, multirun))
-    return configs[0]  # the first sweep point (or the only config): composed once, not again
+    return configs[0]
 
 
 def output_dir(config_name: str, args: list[str], multirun: bool) -> tuple[str, str]:

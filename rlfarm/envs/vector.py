@@ -10,7 +10,7 @@ where SyncVectorEnv merges infos into new arrays every step (the frames among th
 
 Frames (for pixel reward models) are rendered after every sub-env stepped and before the done ones reset, so
 the frame of a done step shows the final state. MuJoCo renders at `frame_size` directly; classic-control envs
-render with pygame and are resized. Each frame is copied once, from the renderer into the caller's chunk array.
+render with pygame (square ones at twice `frame_size`) and are resized. Each frame is copied once, from the renderer into the caller's chunk array.
 Batched rendering (`batch_render`, MuJoCo only): gymnasium gives each sub-env its own GL context and reads its
 RGB and depth back after every frame, so a GPU switches between a dozen contexts per frame. `_TiledRenderer`
 instead draws all of a process's sub-envs as tiles of one offscreen buffer in one GL context, with gymnasium's
@@ -133,6 +133,10 @@ def make_env(env_id: str, frame_size: int | None = None, kwargs: dict | None = N
     env = gym.make(env_id, **make_kwargs)
     if mujoco and frame_size is not None:
         _turn_off_shadows_and_reflections(env.unwrapped.model)
+    elif frame_size is not None and isinstance(getattr(env.unwrapped, "screen_dim", None), int):
+        # Square pygame envs (Pendulum) draw at screen_dim (500) and are resized down: drawing at twice the
+        # frame size keeps the antialiased look for a fraction of the cost (docs/benchmarks.md).
+        env.unwrapped.screen_dim = min(env.unwrapped.screen_dim, 2 * frame_size)
     return env
 
 

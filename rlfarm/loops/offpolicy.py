@@ -414,6 +414,8 @@ class OffPolicyLoop(PeriodicCheckpoints):
         total = int(self.cfg.total_env_steps)
         lags = [l["labeling_lag_s"] for l in labelers if l.get("labeling_lag_s", 0) > 0]
         losses = {k: learner[k] for k in ("critic_loss", "actor_loss", "alpha", "entropy") if k in learner}
+        # per stored transition over the interval: the reward trained on beside the env's own (a learned reward's gap)
+        rewards = {k: learner.get(k) for k in ("labeled_reward_mean", "env_reward_mean", "reward_gap_mean")}
         return {
             "env_steps": counters["env_steps"], "wall_s": round(self.progress.wall_s, 3),
             "env_steps_per_s": rate("env_steps"), "labeled_per_s": rate("labeled"), "updates_per_s": rate("updates"),
@@ -432,7 +434,7 @@ class OffPolicyLoop(PeriodicCheckpoints):
             "episodes": self.progress["episodes"],
             "episode_return_mean": self.progress.window_mean(),
             "eta_s": (total - counters["env_steps"]) / max(counters["env_steps"] - off["env_steps"], 1) * session_s,
-            **losses,
+            **rewards, **losses,
             **self.stages.row({kind: [w.stats for w in fresh if w.kind == kind] for kind in KINDS},
                               late=self._late_kinds(fresh)),
         }

@@ -175,6 +175,21 @@ def _load(model: str) -> tuple[torch.nn.Module, object]:
         ) from error
 
 
+def _load_vision(model: str) -> torch.nn.Module:
+    """A CLIPModel (for its vision tower and projection) from a local save_pretrained folder, or a one-line
+    RewardModelError. Local only: a frozen tower in a fitted reward must be the one it was fitted on."""
+    from transformers import CLIPModel
+
+    path = os.path.expanduser(model)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise RewardModelError(f"no CLIP model folder at {path!r} (no config.json); "
+                               "pass the save_pretrained folder of the CLIP model the reward was fitted on")
+    try:
+        return CLIPModel.from_pretrained(path)
+    except (OSError, ValueError) as error:
+        raise RewardModelError(f"could not load CLIP model {path!r}: {str(error).strip().splitlines()[0]}") from error
+
+
 def _pixel_stats(model: str) -> tuple[list[float], list[float]]:
     """Per-channel mean and std from the model's preprocessor config; OpenAI CLIP's when it has none."""
     from transformers.image_processing_base import ImageProcessingMixin

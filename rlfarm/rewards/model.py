@@ -1,7 +1,8 @@
 """Any torch module or checkpoint that maps frames to rewards: the hook for users' own VLMs and learned rewards.
 
-Either `module` is a Hydra `_target_` node, built in the labeler (optionally loading a state_dict from
-`checkpoint`), or `checkpoint` alone is a TorchScript file. The module is called with one tensor per key in
+Either `model` is a fitted-reward file written by `rlfarm fit-reward` (it names its module, frame size and
+weights: rlfarm/rewards/fitted.py), or `module` is a Hydra `_target_` node, built in the labeler (optionally
+loading a state_dict from `checkpoint`), or `checkpoint` alone is a TorchScript file. The module is called with one tensor per key in
 `needs`, in that order, each on the labeler's device with its numpy dtype kept (frames: [n, H, W, 3] uint8),
 and must return [n] or [n, 1] finite rewards.
 """
@@ -14,6 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.rewards.base import RewardModel, RewardModelError
+from rlfarm.rewards.fitted import build_fitted, read_fitted
 
 
 class BrightnessReward(torch.nn.Module):
@@ -30,6 +32,7 @@ class BrightnessReward(torch.nn.Module):
 class ModuleReward(RewardModel):
     """Rewards from a user's torch module.
 
+    model: a fitted-reward file (rlfarm fit-reward); when set, it supplies the module, weights and frame size.
     module: Hydra node with `_target_` building an nn.Module (built in setup, on the labeler's device).
     checkpoint: state_dict for `module` (torch.load, weights_only), or a TorchScript file when module is None.
     frame_size: frames the runners render (used only when "frames" is in needs).
@@ -46,10 +49,18 @@ class ModuleReward(RewardModel):
         needs: list[str] | tuple[str, ...] = ("frames",),
         dtype: str = "bfloat16",
         max_batch: int = 512,
+        model: str | None = None,
     ):
-        if module is None and checkpoint is None:
+        self.model = model
+        if model is not None:
+            if checkpoint is not None:
+                raise RewardModelError("set reward.model (a fitted-reward file) or reward.checkpoint, not both")
+            fitted = read_fitted(model)  # small: a head or a small CNN; the driver needs its frame size
+            module, frame_size, needs = fitted["module"], fitted["frame_size"], ("frames",)
+        elif module is None and checkpoint is None:
             raise RewardModelError(
-                "ModuleReward needs reward.module (a _target_ node) or reward.checkpoint (a TorchScript file)"
+                "ModuleReward needs reward.model (a file from rlfarm fit-reward), reward.module (a _target_ node) "
+                "or reward.checkpoint (a TorchScript file)"
             )
         # A plain dict pickles small and free of the parent config when Ray ships this object to labelers.
         self.module = OmegaConf.to_container(module, resolve=True) if isinstance(module, DictConfig) else module
@@ -58,7 +69,7 @@ class ModuleReward(RewardModel):
         self.frame_size = frame_size if "frames" in self.needs else None
         self.dtype = dtype
         self.max_batch = max_batch
-        self.name = self.module.get("_target_", "<no _target_>") if module is not None else checkpoint
+        self.name = model or (self.module.get("_target_", "<no _target_>") if module is not None else checkpoint)
         self._net = None
 
     def setup(self, device: str) -> None:
@@ -67,6 +78,8 @@ class ModuleReward(RewardModel):
         self._net = self._build().to(self._device).eval()
 
     def _build(self) -> torch.nn.Module:
+        if self.model is not None:
+            return build_fitted(read_fitted(self.model))
         if self.checkpoint is not None and not os.path.isfile(self.checkpoint):
             raise RewardModelError(
                 f"reward module {self.name}: no checkpoint at {self.checkpoint!r}; set reward.checkpoint=/path/to/file"

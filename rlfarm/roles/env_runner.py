@@ -284,8 +284,9 @@ class EnvRunner:
                 "in_flight": len(self.in_flight)}
 
 
-# What every chunk carries; a reward model's needs (env_reward, frames) come on top.
-CHUNK_FIELDS = ("obs", "action", "next_obs", "terminated", "truncated")
+# What every chunk carries; a reward model's needs (frames) come on top. The env's own reward travels along
+# whatever the reward model (4 bytes a transition): the learner logs it beside the labeled reward it trains on.
+CHUNK_FIELDS = ("obs", "action", "next_obs", "env_reward", "terminated", "truncated")
 
 
 def flat(rows: np.ndarray) -> np.ndarray:

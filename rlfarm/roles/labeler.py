@@ -28,8 +28,8 @@ from rlfarm.roles.common import assigned_device, limit_threads
 
 WARMUP_CALLS = 8  # model calls that may take as long as a model load: a compiled model compiles again per new
                   # shape class (static, then dynamic batch sizes), and under CPU load each can take over a minute
-# What the learner stores of a chunk; everything else (frames, env reward) stays behind.
-LEARNER_FIELDS = ("obs", "action", "next_obs", "terminated")
+# What the learner gets of a chunk (it stores all but env_reward, which it only logs); frames stay behind.
+LEARNER_FIELDS = ("obs", "action", "next_obs", "env_reward", "terminated")
 
 
 class Labeler:

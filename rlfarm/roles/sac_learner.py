@@ -101,6 +101,9 @@ class SACLearner:
         self._last_metrics: dict[str, torch.Tensor] = {}
         self._burst_done: torch.cuda.Event | None = None  # marks the end of the last graphed burst on the GPU
         self._staleness: list[int] = []
+        # Since the last stats(): sums of the labeled reward the learner trains on, of the env's own reward of the
+        # same transitions and of their absolute difference, and the count (how a learned reward tracks the env's).
+        self._reward_sums = np.zeros(4)
 
     def set_runners(self, runners: list) -> None:
         self.runners = list(runners)
@@ -249,6 +252,9 @@ class SACLearner:
                                 "terminated": chunk["terminated"]})
             self.stored += size
             self._staleness.append(self.version - meta["policy_version"])
+            if "env_reward" in chunk:
+                reward, env_reward = chunk["reward"], chunk["env_reward"]
+                self._reward_sums += (reward.sum(), env_reward.sum(), np.abs(reward - env_reward).sum(), size)
             self.unacked.append((*chunk_id, self._required_updates(self.stored)))
 
     def _required_updates(self, stored: int) -> int:
@@ -312,6 +318,9 @@ class SACLearner:
     def stats(self) -> dict:
         metrics = {k: float(v) for k, v in self._last_metrics.items()}
         staleness, self._staleness = self._staleness, []
+        (labeled, env, gap, count), self._reward_sums = self._reward_sums, np.zeros(4)
+        rewards = {"labeled_reward_mean": labeled / count, "env_reward_mean": env / count,
+                   "reward_gap_mean": gap / count} if count else {}
         return {"pid": os.getpid(), "stored": self.stored, "updates": self.updates, "duplicates": self.duplicates,
                 "duplicate_transitions": self.duplicate_transitions,
                 "settled_by_runner": dict(self.settled_by_runner),
@@ -320,7 +329,7 @@ class SACLearner:
                 "buffer_size": len(self.buffer), "policy_version": self.version,
                 "update_time_s": self.stage_s["update"], "stage_s": self._stage_times(),
                 "last_progress_at": self.last_progress_at, "owed": max(self._updates_owed(), 0),
-                "policy_staleness": float(np.mean(staleness)) if staleness else 0.0, "device": self.device, **metrics}
+                "policy_staleness": float(np.mean(staleness)) if staleness else 0.0, "device": self.device, **rewards, **metrics}
 
     def save(self, path: str, with_buffer: bool = True, extra: dict | None = None) -> str:
         """Atomic checkpoint (write a temp file, then rename): networks, optimizers, entropy temperature,

@@ -25,12 +25,17 @@ PANELS = {
     "updates_per_s": ("updates_per_s", "wall_s", "learning: updates / s", "wall time (s)"),
     "labeling_lag_s": ("labeling_lag_s", "wall_s", "labeling lag (s, produced → labeled)", "wall time (s)"),
     "buffer_size": ("buffer_size", "wall_s", "replay buffer size", "wall time (s)"),
+    "labeled_reward": ("labeled_reward_mean", "env_steps", "reward trained on (labeled, mean per step)", "env steps"),
+    "env_reward": ("env_reward_mean", "env_steps", "env's own reward (mean per step)", "env steps"),
 }
 FIGURES = {
     "returns": ["return_vs_steps", "return_vs_wall"],
     "throughput": ["env_steps_per_s", "labeled_per_s", "updates_per_s"],
     "labeling": ["labeling_lag_s", "buffer_size"],
+    # the true return beside the reward the learner trained on: where a learned reward and the task part ways
+    "rewards": ["return_vs_steps", "labeled_reward", "env_reward"],
 }
+OPTIONAL_FIGURES = {"rewards": "labeled_reward_mean"}  # drawn only when some run logged this key
 PANEL_INCHES = (4.8, 3.4)
 IGNORED_KEYS = {"seed"}  # what may differ inside a seed group
 
@@ -188,10 +193,12 @@ def write_report(root: Path, smooth: int = 5, dpi: int = 100) -> dict:
     out = root / "report"
     out.mkdir(parents=True, exist_ok=True)
     name = root.name if len(runs) == 1 else f"{root.name} ({len(runs)} runs)"
+    drawn = {fig_name: panels for fig_name, panels in FIGURES.items()
+             if fig_name not in OPTIONAL_FIGURES or any(OPTIONAL_FIGURES[fig_name] in row for r in runs for row in r.metrics)}
     figures = [plot_panels(runs, panels, out / f"{fig_name}.png", smooth, dpi, f"{fig_name}: {name}")
-               for fig_name, panels in FIGURES.items()]
-    figures.append(plot_panels(runs, [p for names in FIGURES.values() for p in names], out / "overview.png",
-                               smooth, dpi, name, ncols=4))
+               for fig_name, panels in drawn.items()]
+    overview = list(dict.fromkeys(p for names in drawn.values() for p in names))  # each panel once
+    figures.append(plot_panels(runs, overview, out / "overview.png", smooth, dpi, name, ncols=4))
     groups = seed_groups(runs)
     if groups:
         figures.append(plot_seed_groups(groups, out / "returns_across_seeds.png", smooth, dpi, name))

@@ -199,13 +199,26 @@ CASES = [
                  "model.source: no such folder", id="vla-checkpoint-missing"),
     pytest.param(["train", "experiment=simplevla", "model=mlp"], "algo=grpo_vla needs a VLA policy",
                  id="vla-with-sac-networks"),
+    # a learned reward: a file that fit-reward did not write; fit-reward's own options
+    pytest.param(["train", "reward=model", "reward.model={tmp}/a_file"], "reward.model: cannot read fitted reward",
+                 id="fitted-reward-not-a-fitted-file"),
+    pytest.param(["fit-reward", "target=file"], "target=file needs labels=<file.npz>", id="fit-file-without-labels"),
+    pytest.param(["fit-reward", "target=rewards"], "target must be one of env_reward|success|file", id="fit-unknown-target"),
+    pytest.param(["fit-reward", "policy={tmp}/empty_dir"], "policy: '{tmp}/empty_dir' is not a run directory",
+                 id="fit-policy-not-a-run"),
+    pytest.param(["fit-reward", "env.id=Pendulm-v1"], "unknown env id 'Pendulm-v1' — did you mean Pendulum-v1",
+                 id="fit-unknown-env"),
+    pytest.param(["fit-reward", "fit.holdout=1.5"], "holdout must be in (0, 1), got 1.5", id="fit-holdout-range"),
+    pytest.param(["fit-reward", "net=goal_baseline"], "net.tower is required", id="fit-tower-missing"),
+    pytest.param(["fit-reward", "net=goal_baseline", "net.tower={tmp}/empty_dir"], "has no config.json",
+                 id="fit-tower-not-a-model"),
 ]
 
 
 # Rows that also run as a subprocess: a bad choice, an unknown key, a `_target_` typo (its module is imported:
 # torch), a topology bigger than this machine (the cluster check), a cluster address where nothing listens.
 SUBPROCESS_ROWS = {"unknown-env", "unknown-top-level-key", "reward-target-typo", "gpus-beyond-cluster",
-                   "ray-address-nothing-listens"}
+                   "ray-address-nothing-listens", "fit-file-without-labels"}
 # Environment a row runs in: `auto` finds its address in RAY_ADDRESS before it looks for a local cluster (other
 # Ray sessions on this machine would be found), so the row names one where nothing listens.
 ROW_ENV = {"ray-address-auto-nothing-listens": {"RAY_ADDRESS": "127.0.0.1:1"}}
@@ -219,7 +232,7 @@ def command_line(args: list[str], tmp_path) -> list[str]:
     (tmp_path / "empty_dir").mkdir()
     (tmp_path / "empty.pt").touch()
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    if args[0] in ("train", "plan"):
+    if args[0] in ("train", "plan", "fit-reward"):
         args += [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
         args = [a for i, a in enumerate(args) if a.split("=")[0] not in {b.split("=")[0] for b in args[:i]}]
     return args

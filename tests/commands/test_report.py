@@ -17,7 +17,9 @@ def test_report_of_a_sweep_overlays_runs_and_averages_seeds(tiny_sweep, tmp_path
     out = rlfarm("report", f"path={tiny_sweep}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     report = tiny_sweep / "report"
-    sizes = {"returns": (2, 1), "throughput": (3, 1), "labeling": (2, 1), "overview": (4, 2), "returns_across_seeds": (2, 1)}
+    # rewards: the true return beside the labeled and env reward per step (the runs log both; here they are equal)
+    sizes = {"returns": (2, 1), "throughput": (3, 1), "labeling": (2, 1), "rewards": (3, 1), "overview": (4, 3),
+             "returns_across_seeds": (2, 1)}
     for name, (ncols, nrows) in sizes.items():
         with Image.open(report / f"{name}.png") as image:
             assert image.size == expected_size(ncols, nrows), name
