@@ -85,3 +85,15 @@ def tiny_sweep(tmp_path_factory):
     assert out.returncode == 0, out.stderr[-3000:]
     assert (root / "0" / "summary.json").exists() and (root / "1" / "summary.json").exists()
     return root
+
+
+@pytest.fixture(scope="session")
+def sac_pendulum_run(tmp_path_factory):
+    """SAC on Pendulum with the env's reward (helpers.PENDULUM_SAC_64). Shared by the SAC learning test and the
+    fitted-reward test, which compares against it."""
+    from helpers import PENDULUM_SAC_64, train
+
+    run_dir = tmp_path_factory.mktemp("sac_pendulum") / "run"
+    out = train(run_dir, *PENDULUM_SAC_64, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run_dir

@@ -12,6 +12,9 @@ ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
 TINY_SAC = ["algo.learning_starts=200", "algo.batch_size=32", "algo.chunk_steps=16",
             "model.actor.hidden=[32,32]", "model.critic.hidden=[32,32]"]
 
+# `make run`'s config with 64-unit networks: a sixteenth of the learner's matmul work (CI's CPU is learner-bound).
+PENDULUM_SAC_64 = ["model.actor.hidden=[64,64]", "model.critic.hidden=[64,64]"]
+
 
 def rlfarm(*args, cwd=None, timeout=600):
     return subprocess.run([sys.executable, "-m", "rlfarm.cli", *args], capture_output=True, text=True,
@@ -56,3 +59,26 @@ def wait_for(predicate, timeout: float, every: float = 0.1) -> bool:
             return True
         time.sleep(every)
     return False
+
+
+def eval_returns(run_dir, episodes: int = 30, seed: int = 10_000) -> list[float]:
+    """Returns (the env's own reward) of the run's final policy, mean action, in envs seeded seed, seed + 1, ..."""
+    from rlfarm.evaluation import build_actor, load_trained_run, play_episode
+
+    trained = load_trained_run(run_dir, "final")
+    actor = build_actor(trained.cfg, trained.state["agent"]["actor"], trained.cfg.env)
+    return [play_episode(actor, trained.cfg.env, seed=seed + i).episode_return for i in range(episodes)]
+
+
+class RandomActor:
+    """Uniform random actions in [low, high], seeded: the random-policy baseline."""
+
+    def __init__(self, low, high, seed: int = 0):
+        import numpy as np
+
+        self.low, self.high, self.rng = np.asarray(low), np.asarray(high), np.random.default_rng(seed)
+
+    def act(self, obs, deterministic=True):
+        import torch
+
+        return torch.from_numpy(self.rng.uniform(self.low, self.high, (len(obs), *self.low.shape)).astype("float32"))

@@ -1,7 +1,8 @@
 """SAC learns Pendulum through the whole pipeline (runner → labeler → learner), as `make run` does.
 
-The run is `make run`'s default config with 64-unit networks instead of 256: the same env, budget and reward path
-at a sixteenth of the learner's matmul work (on CI's CPU the learner's updates are the run's cost).
+The run (conftest's `sac_pendulum_run`, shared with the fitted-reward test) is `make run`'s default config with
+64-unit networks instead of 256: the same env, budget and reward path at a sixteenth of the learner's matmul work
+(on CI's CPU the learner's updates are the run's cost).
 
 The bar (mean return >= -200 within 20k env steps; a random policy scores about -1200) is judged on the trained
 policy over 30 evaluation episodes (`rlfarm.evaluation`, the mean action), not on the last 10 training episodes:
@@ -10,24 +11,18 @@ actions swings by tens of points between consecutive windows of the same policy.
 import numpy as np
 import pytest
 
-from helpers import read_summary, train
+from helpers import eval_returns, read_summary
 
 EVAL_EPISODES = 30
 
 
 @pytest.mark.slow
-def test_sac_learns_pendulum_within_20k_env_steps(tmp_path):
-    from rlfarm.evaluation import build_actor, load_trained_run, play_episode
-
-    run_dir = tmp_path / "run"
-    out = train(run_dir, "model.actor.hidden=[64,64]", "model.critic.hidden=[64,64]", timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_sac_learns_pendulum_within_20k_env_steps(sac_pendulum_run):
+    run_dir = sac_pendulum_run
     summary = read_summary(run_dir)
     assert summary["env_steps"] == 20_000
     assert summary["transitions_produced"] == summary["transitions_labeled"] == summary["transitions_stored"]
     assert summary["episode_return_mean"] >= -500, summary  # training episodes, far above random already
 
-    trained = load_trained_run(run_dir, "final")
-    actor = build_actor(trained.cfg, trained.state["agent"]["actor"], trained.cfg.env)
-    returns = [play_episode(actor, trained.cfg.env, seed=10_000 + i).episode_return for i in range(EVAL_EPISODES)]
+    returns = eval_returns(run_dir, EVAL_EPISODES)
     assert np.mean(returns) >= -200, returns
