@@ -155,12 +155,22 @@ def score_with_reward_model(model, episode: Episode) -> float:
         if key == "env_reward":
             batch[key] = episode.env_rewards
         elif key == "frames":
-            batch[key] = resize_frames(episode.frames, int(model.frame_size))
+            batch[key] = stack_frames(resize_frames(episode.frames, int(model.frame_size)),
+                                      int(getattr(model, "frame_stack", 1)))
         else:
             raise RlfarmError(f"reward model needs '{key}', which evaluation does not record",
                               "evaluate with reward=false")
     rewards = np.asarray(model(batch), dtype=np.float64)
     return float(rewards.sum())
+
+
+def stack_frames(frames: np.ndarray, k: int) -> np.ndarray:
+    """[n, S, S, 3] consecutive frames → [n, S, S, 3k]: each with the k - 1 before it, oldest first. The first
+    frames repeat the episode's first (training's runners use the reset state's render there, not filmed here)."""
+    if k == 1:
+        return frames
+    padded = np.concatenate([frames[:1]] * (k - 1) + [frames])
+    return np.concatenate([padded[i : i + len(frames)] for i in range(k)], axis=-1)
 
 
 def write_video(path: Path, frames: np.ndarray, fps: float) -> Path:

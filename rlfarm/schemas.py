@@ -245,6 +245,7 @@ class FitRewardSchema(Ranged):
     policy: str
     frames: int
     frame_size: int
+    frame_stack: int
     num_envs: int
     seed: int
     fit: FitSchema

@@ -42,7 +42,7 @@ RANGES = {
     **dict.fromkeys(("seed", "bus_timeout_s", "max_restarts", "num_gpus", "checkpoint_every_updates",
                      "checkpoint_every_min"), NON_NEGATIVE),
     # rlfarm fit-reward (conf/fit_reward.yaml)
-    **dict.fromkeys(("frames", "frame_size"), POSITIVE),
+    **dict.fromkeys(("frames", "frame_size", "frame_stack"), POSITIVE),
     **dict.fromkeys(("weight_decay", "report_frames"), NON_NEGATIVE),
     "holdout": ("in (0, 1)", lambda v: 0 < v < 1),
 }

@@ -51,6 +51,9 @@ def check_options(cfg: DictConfig) -> None:
             raise ConfigError(f"net.tower: {problem or f'no folder {tower!r} (a frozen tower must be local)'}",
                               "pass net.tower=<a CLIP save_pretrained folder>, e.g. from python -m "
                               "rlfarm.rewards.clip_factory --out DIR")
+    if cfg.frame_stack > 1 and "frame_stack" not in cfg.net:
+        raise ConfigError(f"net={cfg.net._target_.rsplit('.', 1)[-1]} reads one frame, not frame_stack={cfg.frame_stack}",
+                          "use net=cnn for stacked frames, or frame_stack=1")
     if str(cfg.fit.device) not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"fit.device={cfg.fit.device}", "set fit.device=auto|cpu|cuda")
 
@@ -112,7 +115,8 @@ def fit_reward(cfg: DictConfig, out: Path) -> dict:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.fit.device == "auto" else str(cfg.fit.device)
     started = time.monotonic()
     if str(cfg.target) == "file":
-        data, source = load_labels(cfg.labels, int(cfg.frame_size)), {"labels": str(Path(cfg.labels).resolve())}
+        data = load_labels(cfg.labels, int(cfg.frame_size), int(cfg.frame_stack))
+        source = {"labels": str(Path(cfg.labels).resolve())}
     else:
         actor, source = None, {"env": str(cfg.env.id), "policy": str(cfg.policy)}
         if cfg.policy != "random":
@@ -121,7 +125,7 @@ def fit_reward(cfg: DictConfig, out: Path) -> dict:
             source["policy_checkpoint"] = str(run.checkpoint)
         log.info(f"fit-reward: collecting {cfg.frames} frames of {cfg.env.id} at {cfg.frame_size} px ({cfg.policy} policy)")
         data = collect(str(cfg.env.id), env_kwargs(cfg.env), int(cfg.frames), int(cfg.frame_size), str(cfg.target),
-                       actor, int(cfg.num_envs), int(cfg.seed))
+                       actor, int(cfg.num_envs), int(cfg.seed), int(cfg.frame_stack))
     collect_s = round(time.monotonic() - started, 2)
     module_node = OmegaConf.to_container(cfg.net, resolve=True)
     net = instantiate(module_node)
@@ -129,11 +133,13 @@ def fit_reward(cfg: DictConfig, out: Path) -> dict:
     result = fit(net, data, int(cfg.fit.epochs), int(cfg.fit.batch_size), float(cfg.fit.lr),
                  float(cfg.fit.weight_decay), float(cfg.fit.holdout), device, int(cfg.seed), bool(cfg.fit.compile))
     details = {"target": str(cfg.target), **source, "frames": len(data), "frame_size": int(cfg.frame_size),
+               "frame_stack": int(cfg.frame_stack),
                "episodes": int(len(set(data.episode.tolist()))), "device": device, "collect_s": collect_s,
                "model_file": MODEL_FILE}
     net.cpu()
     save_fitted(out / MODEL_FILE, module_node, net, int(cfg.frame_size),
-                {k: details[k] for k in ("target", "frames", "frame_size")} | source | {"held_out": result.held_out})
+                {k: details[k] for k in ("target", "frames", "frame_size")} | source | {"held_out": result.held_out},
+                int(cfg.frame_stack))
     report = write_fit_report(out, data, result, details, int(cfg.report_frames))
     write_json_atomic(out / REPORT_FILE, report)  # last: its presence marks a finished fit
     return report

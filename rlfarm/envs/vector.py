@@ -9,7 +9,10 @@ gymnasium's SyncVectorEnv: that loop can write each result straight into its row
 where SyncVectorEnv merges infos into new arrays every step (the frames among them).
 
 Frames (for pixel reward models) are rendered after every sub-env stepped and before the done ones reset, so
-the frame of a done step shows the final state. MuJoCo renders at `frame_size` directly; classic-control envs
+the frame of a done step shows the final state. With `frame_stack` k > 1 each transition's frames are the last k
+renders of its sub-env, oldest first, stacked on the channels ([S, S, 3k]): the states before and after the step
+for k = 2, what a reward that depends on motion (a velocity) must see; the reset state is rendered to start each
+episode's history. MuJoCo renders at `frame_size` directly; classic-control envs
 render with pygame (square ones at twice `frame_size`) and are resized. Each frame is copied once, from the renderer into the caller's chunk array.
 Batched rendering (`batch_render`, MuJoCo only): gymnasium gives each sub-env its own GL context and reads its
 RGB and depth back after every frame, so a GPU switches between a dozen contexts per frame. `_TiledRenderer`
@@ -99,7 +102,8 @@ class StepBuffers:
     action: [steps, N, *action_shape] (the action space's dtype), filled by the caller before step t.
     next_obs: [steps, N, *obs_shape] float32, the true next observation (final obs at episode end).
     env_reward: [steps, N] float32. terminated, truncated: [steps, N] bool.
-    frames: [steps, N, H, W, 3] uint8 render of next_obs's state, or None when the env renders no frames.
+    frames: [steps, N, H, W, 3 * frame_stack] uint8 render of next_obs's state (after the frame_stack - 1 renders
+        before it, oldest first), or None when the env renders no frames.
     key: names these arrays to the worker processes that map them (workers > 0).
     """
 
@@ -163,28 +167,31 @@ class VectorEnv:
     workers: processes stepping the sub-envs, 0 ≤ workers ≤ num_envs (0: this process).
     batch_render: MuJoCo sub-envs of a process render as tiles in one GL context, read back once per step (the
         same frames); other envs render one by one whatever it says.
+    frame_stack: renders per frame (the last frame_stack of the sub-env, oldest first, on the channels).
 
     Two ways to step: `step(actions) -> StepResult` (fresh arrays each step), or `step_buffers(steps)` once and
     then `reset_into` / `step_into(buffers, t)`, which write row t of those arrays in place (the chunk path).
     """
 
     def __init__(self, env_id: str, num_envs: int = 1, seed: int = 0, frame_size: int | None = None,
-                 kwargs: dict | None = None, workers: int = 0, batch_render: bool = False):
+                 kwargs: dict | None = None, workers: int = 0, batch_render: bool = False, frame_stack: int = 1):
         _registered_spec(env_id)  # an unknown id fails here, in one line, before any worker starts
         if not 0 <= workers <= num_envs:
             raise ValueError(f"workers must be in [0, num_envs={num_envs}], got {workers}")
-        self.num_envs, self.frame_size = num_envs, frame_size
+        if frame_stack < 1:
+            raise ValueError(f"frame_stack must be >= 1, got {frame_stack}")
+        self.num_envs, self.frame_size, self.frame_stack = num_envs, frame_size, frame_stack
         self._render_s = 0.0
         self._scratch: StepBuffers | None = None
         self._keys = 0
         self._local: _SubEnvs | None = None
         self._workers: list[_Worker] = []
         if workers == 0:
-            self._local = _SubEnvs(env_id, 0, num_envs, seed, frame_size, kwargs, batch_render)
+            self._local = _SubEnvs(env_id, 0, num_envs, seed, frame_size, kwargs, batch_render, frame_stack)
             spaces = self._local.spaces()
         else:
             groups = np.array_split(np.arange(num_envs), workers)
-            self._workers = [_Worker(env_id, int(g[0]), len(g), seed, frame_size, kwargs, batch_render)
+            self._workers = [_Worker(env_id, int(g[0]), len(g), seed, frame_size, kwargs, batch_render, frame_stack)
                              for g in groups]
             try:  # all start at once; then wait for each
                 spaces = [worker.wait_ready() for worker in self._workers][0]
@@ -202,7 +209,7 @@ class VectorEnv:
     def step_buffers(self, steps: int) -> StepBuffers:
         """Arrays for `steps` vector steps (StepBuffers), in memory the workers share when there are any."""
         specs = _buffer_specs(steps, self.num_envs, self.single_observation_space, self.single_action_space,
-                              self.frame_size)
+                              self.frame_size, self.frame_stack)
         self._keys += 1
         if not self._workers:
             arrays = {name: np.empty(shape, dtype) for name, (shape, dtype) in specs.items()}
@@ -271,11 +278,14 @@ class _SubEnvs:
     its own column of the StepBuffers: SAME_STEP autoreset, the frames rendered before the resets."""
 
     def __init__(self, env_id: str, first: int, count: int, seed: int, frame_size: int | None, kwargs: dict | None,
-                 batch_render: bool = False):
+                 batch_render: bool = False, frame_stack: int = 1):
         self.envs = [make_env(env_id, frame_size, kwargs) for _ in range(count)]
         self.first, self.seed, self.frame_size = first, seed, frame_size
         tiled = batch_render and frame_size is not None and _mujoco_renderer(self.envs[0]) is not None
         self.tiles = _TiledRenderer(self.envs, frame_size) if tiled else None
+        # frame_stack > 1: each sub-env's last frame_stack - 1 renders, oldest first ([count, k - 1, S, S, 3])
+        stacked = frame_size is not None and frame_stack > 1
+        self.history = np.zeros((count, frame_stack - 1, frame_size, frame_size, 3), np.uint8) if stacked else None
         self.episode_return = np.zeros(count, dtype=np.float64)
         self.episode_length = np.zeros(count, dtype=np.int64)
         self.render_s = 0.0
@@ -287,6 +297,7 @@ class _SubEnvs:
         for j, env in enumerate(self.envs):
             obs, _ = env.reset(seed=self.seed + self.first + j)
             rows.obs[0, self.first + j] = obs
+        self._start_history(np.arange(len(self.envs)))
         self.episode_return[:] = 0
         self.episode_length[:] = 0
 
@@ -301,7 +312,7 @@ class _SubEnvs:
             self.episode_return[j] += reward  # the env's float reward, not its float32 copy
         if rows.frames is not None:
             started = time.perf_counter()
-            self._render(rows.frames[t, columns])
+            self._render_stacked(rows.frames[t, columns])
             self.render_s += time.perf_counter() - started
         self.episode_length += 1
         done = np.flatnonzero(rows.terminated[t, columns] | rows.truncated[t, columns])
@@ -309,7 +320,33 @@ class _SubEnvs:
         self.episode_return[done], self.episode_length[done] = 0, 0
         for j in done:
             rows.obs[t + 1, self.first + j], _ = self.envs[j].reset()  # unseeded: the sub-env's own generator goes on
+        self._start_history(done)
         return returns, lengths
+
+    def _render_stacked(self, frames: np.ndarray) -> None:
+        """frames [count, S, S, 3k]: the history, then this step's render; the history moves on by one."""
+        if self.history is None:
+            self._render(frames)
+            return
+        current = frames[..., -3:]
+        self._render(current)
+        frames[..., :-3] = self.history.transpose(0, 2, 3, 1, 4).reshape(*current.shape[:3], -1)
+        self.history[:, :-1] = self.history[:, 1:]
+        self.history[:, -1] = current
+
+    def _start_history(self, which: np.ndarray) -> None:
+        """Fill the history of the sub-envs `which` (just reset) with their reset state's frame."""
+        if self.history is None or not len(which):
+            return
+        started = time.perf_counter()
+        if self.tiles is not None:  # tiles draw every sub-env at once
+            frames = np.empty((len(self.envs), self.frame_size, self.frame_size, 3), np.uint8)
+            self.tiles.render(frames)
+            self.history[which] = frames[which][:, None]
+        else:
+            for j in which:
+                self.history[j] = render_frame(self.envs[j], self.frame_size)
+        self.render_s += time.perf_counter() - started
 
     def _render(self, frames: np.ndarray) -> None:
         """frames [count, H, W, 3]: each sub-env's current state."""
@@ -335,7 +372,7 @@ class _Worker:
     Started with `python -c` over a socket pair; when the parent dies, the socket closes and the worker exits."""
 
     def __init__(self, env_id: str, first: int, count: int, seed: int, frame_size: int | None, kwargs: dict | None,
-                 batch_render: bool):
+                 batch_render: bool, frame_stack: int = 1):
         self.first, self.count = first, count
         ours, theirs = socket.socketpair()
         # The parent's import path travels along, so "module:Id" env ids resolve in the worker as they do here.
@@ -345,7 +382,7 @@ class _Worker:
              str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
         theirs.close()
         self.conn = Connection(ours.detach())
-        self.conn.send(("init", env_id, first, count, seed, frame_size, dict(kwargs or {}), batch_render))
+        self.conn.send(("init", env_id, first, count, seed, frame_size, dict(kwargs or {}), batch_render, frame_stack))
 
     def wait_ready(self) -> tuple[gym.Space, gym.Space]:
         if not self.conn.poll(WORKER_START_TIMEOUT_S):
@@ -432,7 +469,7 @@ def serve_worker(fd: int) -> None:
 
 # -- shared arrays ------------------------------------------------------------------------------------------
 def _buffer_specs(steps: int, n: int, obs_space: gym.Space, action_space: gym.Space,
-                  frame_size: int | None) -> dict[str, tuple[tuple[int, ...], str]]:
+                  frame_size: int | None, frame_stack: int = 1) -> dict[str, tuple[tuple[int, ...], str]]:
     """StepBuffers' arrays: name → (shape, dtype)."""
     obs_shape, action_shape = tuple(obs_space.shape), tuple(action_space.shape)
     specs = {
@@ -444,7 +481,7 @@ def _buffer_specs(steps: int, n: int, obs_space: gym.Space, action_space: gym.Sp
         "truncated": ((steps, n), "bool"),
     }
     if frame_size is not None:
-        specs["frames"] = ((steps, n, frame_size, frame_size, 3), "uint8")
+        specs["frames"] = ((steps, n, frame_size, frame_size, 3 * frame_stack), "uint8")
     return specs
 
 

@@ -36,10 +36,11 @@ class OffPolicyRoles:
             ray.kill(actor, no_restart=True)
 
 
-def reward_inputs(reward_cfg: DictConfig) -> tuple[list[str], int | None]:
-    """What the runners must record for the reward model (constructing it loads no weights)."""
+def reward_inputs(reward_cfg: DictConfig) -> tuple[list[str], int | None, int]:
+    """What the runners must record for the reward model: (needs, frame size, frame stack). Constructing it loads
+    no weights."""
     model = instantiate(reward_cfg)
-    return list(model.needs), model.frame_size
+    return list(model.needs), model.frame_size, int(getattr(model, "frame_stack", 1))
 
 
 def warn_if_the_farm_would_starve(cfg: DictConfig, runners: int, labelers: int) -> None:
@@ -63,7 +64,7 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
     # loop re-wires them. Their in-flight calls are not retried; the loop re-sends what they held instead.
     restartable = {"max_restarts": int(cfg.run.max_restarts), "max_task_retries": 0}
     as_dict = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731 - plain dicts travel to actors
-    needs, frame_size = reward_inputs(cfg.reward)
+    needs, frame_size, frame_stack = reward_inputs(cfg.reward)
     if "frames" in needs:
         warn_if_the_farm_would_starve(cfg, len(plan.of("env_runner")), len(plan.of("labeler")))
     spaces = env_spaces(as_dict(cfg.env))  # before any actor: a bad env fails here, in one line
@@ -75,7 +76,7 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
     runners = [
         ray.remote(EnvRunner).options(**placed.options(p), max_concurrency=CONCURRENCY, **restartable).remote(
             p.index, as_dict(cfg.env), as_dict(cfg.model.actor), needs, frame_size, int(cfg.seed),
-            int(algo.chunk_steps), int(algo.credits), random_steps, p.threads)
+            int(algo.chunk_steps), int(algo.credits), random_steps, p.threads, frame_stack)
         for p in runner_places]
     labelers = [
         ray.remote(Labeler).options(**placed.options(p), max_concurrency=CONCURRENCY, **restartable).remote(

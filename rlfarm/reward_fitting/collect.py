@@ -18,7 +18,7 @@ from rlfarm.errors import RlfarmError
 
 @dataclass
 class LabeledFrames:
-    """frames [n, S, S, 3] uint8; targets [n] float32 (what the model learns); env_reward [n] float32 (NaN for
+    """frames [n, S, S, 3k] uint8 (k renders, oldest first); targets [n] float32 (what the model learns); env_reward [n] float32 (NaN for
     a user's file); episode [n] int64 (which episode each frame comes from)."""
 
     frames: np.ndarray
@@ -31,19 +31,23 @@ class LabeledFrames:
 
 
 def collect(env_id: str, env_kwargs: dict, count: int, frame_size: int, target: str, actor=None, num_envs: int = 8,
-            seed: int = 0) -> LabeledFrames:
-    """Step `num_envs` copies of the env (seeded seed, seed + 1, ...) until `count` frames are rendered.
+            seed: int = 0, frame_stack: int = 1) -> LabeledFrames:
+    """Step `num_envs` copies of the env (seeded seed, seed + 1, ...) until `count` frames are rendered; with
+    frame_stack k each frame holds the sub-env's last k renders, the reset state's repeated at an episode's start
+    (as the runners stack them).
     actor: a policy with `act(obs [n, obs_dim]) -> actions` (the mean action), or None for uniform random actions.
     target: "env_reward", or "success" (the step's info["success"] / info["is_success"], as 0/1)."""
     from rlfarm.envs.vector import make_env, render_frame
 
     envs = [make_env(env_id, frame_size, env_kwargs) for _ in range(num_envs)]
     rng = np.random.default_rng(seed)
-    frames = np.empty((count, frame_size, frame_size, 3), np.uint8)
+    frames = np.empty((count, frame_size, frame_size, 3 * frame_stack), np.uint8)
     env_reward, success = np.empty(count, np.float32), np.full(count, np.nan, np.float32)
     episode = np.empty(count, np.int64)
     try:
         obs = [env.reset(seed=seed + j)[0] for j, env in enumerate(envs)]
+        # each sub-env's last frame_stack renders, oldest first, on the channels
+        history = [np.concatenate([render_frame(env, frame_size)] * frame_stack, axis=-1) for env in envs]
         episode_of = list(range(num_envs))  # sub-env j is in episode episode_of[j]
         next_episode, n = num_envs, 0
         space = envs[0].action_space
@@ -53,7 +57,8 @@ def collect(env_id: str, env_kwargs: dict, count: int, frame_size: int, target: 
                 if n == count:
                     break
                 obs[j], reward, terminated, truncated, info = env.step(actions[j])
-                frames[n] = render_frame(env, frame_size)
+                history[j] = np.concatenate([history[j][..., 3:], render_frame(env, frame_size)], axis=-1)
+                frames[n] = history[j]
                 env_reward[n], episode[n] = reward, episode_of[j]
                 flag = info.get("success", info.get("is_success"))
                 if flag is not None:
@@ -61,6 +66,7 @@ def collect(env_id: str, env_kwargs: dict, count: int, frame_size: int, target: 
                 n += 1
                 if terminated or truncated:
                     obs[j], _ = env.reset()
+                    history[j] = np.concatenate([render_frame(env, frame_size)] * frame_stack, axis=-1)
                     episode_of[j], next_episode = next_episode, next_episode + 1
     finally:
         for env in envs:
@@ -84,7 +90,7 @@ def _actions(actor, obs: list[np.ndarray], space, rng: np.random.Generator) -> n
         return actor.act(batch, deterministic=False).numpy()
 
 
-def load_labels(path: str | Path, frame_size: int) -> LabeledFrames:
+def load_labels(path: str | Path, frame_size: int, frame_stack: int = 1) -> LabeledFrames:
     """A user's labelled frames: an .npz with `frames` [n, H, W, 3] uint8 and `rewards` [n] (optionally
     `episode` [n], else every frame is its own episode). Frames are resized to frame_size as training renders."""
     from rlfarm.evaluation import resize_frames
@@ -95,9 +101,9 @@ def load_labels(path: str | Path, frame_size: int) -> LabeledFrames:
     except (OSError, ValueError, KeyError) as error:
         raise RlfarmError(f"cannot read labels {str(path)!r}: {str(error).splitlines()[0] or type(error).__name__}",
                           "pass labels=<an .npz with frames [n, H, W, 3] uint8 and rewards [n]>") from None
-    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or rewards.shape != (len(frames),):
+    if frames.ndim != 4 or frames.shape[-1] != 3 * frame_stack or frames.dtype != np.uint8 or rewards.shape != (len(frames),):
         raise RlfarmError(f"labels {str(path)!r}: frames {frames.shape} {frames.dtype}, rewards {rewards.shape}",
-                          "frames must be [n, H, W, 3] uint8 and rewards [n]")
+                          f"frames must be [n, H, W, {3 * frame_stack}] uint8 (frame_stack={frame_stack}) and rewards [n]")
     if len(frames) < 10 or not np.isfinite(rewards).all():
         raise RlfarmError(f"labels {str(path)!r}: need at least 10 frames with finite rewards",
                           "label more frames, or drop the NaN/inf ones")

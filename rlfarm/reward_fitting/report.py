@@ -56,7 +56,7 @@ def plot_calibration(path: Path, predicted: np.ndarray, true: np.ndarray, metric
 
 
 def plot_frames(path: Path, frames: np.ndarray, true: np.ndarray, predicted: np.ndarray, count: int, dpi: int) -> Path:
-    """`count` frames at evenly spaced quantiles of the true reward, lowest first."""
+    """`count` frames at evenly spaced quantiles of the true reward, lowest first (of a stack, the newest render)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -71,7 +71,7 @@ def plot_frames(path: Path, frames: np.ndarray, true: np.ndarray, predicted: np.
     for ax in axes.flat:
         ax.axis("off")
     for ax, i in zip(axes.flat, picks):
-        ax.imshow(frames[i])
+        ax.imshow(frames[i][..., -3:])  # the newest render of a stack
         ax.set_title(f"true {true[i]:.2f}\npred {predicted[i]:.2f}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)

@@ -67,17 +67,19 @@ class FittedReward(nn.Module):
 
 
 class PixelCNN(FittedReward):
-    """A conv net on the frame: 3 strided convolutions, then an MLP. frame_size: the side it is built for."""
+    """A conv net on the frame: 3 strided convolutions, then an MLP. frame_size: the side it is built for;
+    frame_stack: consecutive renders per frame (3 channels each; 2 lets it see motion)."""
 
-    def __init__(self, frame_size: int = 64, channels: tuple[int, ...] = (32, 64, 64), hidden: int = 256):
+    def __init__(self, frame_size: int = 64, channels: tuple[int, ...] = (32, 64, 64), hidden: int = 256,
+                 frame_stack: int = 1):
         super().__init__()
-        layers, in_channels = [], 3
+        layers, in_channels = [], 3 * frame_stack
         for i, out_channels in enumerate(channels):
             layers += [nn.Conv2d(in_channels, out_channels, 5 if i == 0 else 3, stride=2, padding=1), nn.ReLU()]
             in_channels = out_channels
         self.convs = nn.Sequential(*layers, nn.Flatten())
         with torch.no_grad():
-            flat = self.convs(torch.zeros(1, 3, frame_size, frame_size)).shape[1]
+            flat = self.convs(torch.zeros(1, 3 * frame_stack, frame_size, frame_size)).shape[1]
         self.mlp = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
     def features(self, frames: torch.Tensor) -> torch.Tensor:
@@ -142,14 +144,15 @@ class GoalBaselineHead(FittedReward):
         self.bias.fill_(float(standardized_targets.mean() - gain * raw.mean()))
 
 
-def save_fitted(path: str | Path, module_node: dict, net: FittedReward, frame_size: int, fitted_to: dict) -> Path:
-    """Write a fitted-reward file: the module's `_target_` node, its trained state, the frame size it reads and
-    what it was fitted to (target, env, held-out error). Atomic: a temp file, then a rename."""
+def save_fitted(path: str | Path, module_node: dict, net: FittedReward, frame_size: int, fitted_to: dict,
+                frame_stack: int = 1) -> Path:
+    """Write a fitted-reward file: the module's `_target_` node, its trained state, the frame size and stack it
+    reads and what it was fitted to (target, env, held-out error). Atomic: a temp file, then a rename."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
     state = {k: v.detach().cpu() for k, v in net.trained_state().items()}
     torch.save({"format": FORMAT, "module": module_node, "state": state, "frame_size": int(frame_size),
-                "fitted_to": fitted_to}, tmp)
+                "frame_stack": int(frame_stack), "fitted_to": fitted_to}, tmp)
     os.replace(tmp, path)
     return path
 

@@ -57,6 +57,7 @@ class ModuleReward(RewardModel):
                 raise RewardModelError("set reward.model (a fitted-reward file) or reward.checkpoint, not both")
             fitted = read_fitted(model)  # small: a head or a small CNN; the driver needs its frame size
             module, frame_size, needs = fitted["module"], fitted["frame_size"], ("frames",)
+            self.frame_stack = int(fitted.get("frame_stack", 1))
         elif module is None and checkpoint is None:
             raise RewardModelError(
                 "ModuleReward needs reward.model (a file from rlfarm fit-reward), reward.module (a _target_ node) "

@@ -101,7 +101,7 @@ class StageClock:
 
 class EnvRunner:
     def __init__(self, index: int, env_cfg: dict, actor_cfg: dict, needs: list[str], frame_size: int | None,
-                 seed: int, chunk_steps: int, credits: int, random_steps: int, threads: int = 1):
+                 seed: int, chunk_steps: int, credits: int, random_steps: int, threads: int = 1, frame_stack: int = 1):
         limit_threads(threads)
         seed_everything(seed + 7919 * index)
         spread_rendering(index, env_cfg.get("render_gpus"))
@@ -110,7 +110,7 @@ class EnvRunner:
         self.index, self.needs, self.chunk_steps, self.random_steps = index, list(needs), chunk_steps, random_steps
         self.env = VectorEnv(env_cfg["id"], int(env_cfg.get("num_envs", 1)), seed + 1000 * index,
                              frame_size, dict(env_cfg.get("kwargs") or {}), workers,
-                             batch_render=bool(env_cfg.get("batch_render", False)))
+                             batch_render=bool(env_cfg.get("batch_render", False)), frame_stack=frame_stack)
         self.buffers: StepBuffers = self.env.step_buffers(chunk_steps)
         missing = [key for key in self.needs if key not in RECORDED or getattr(self.buffers, key) is None]
         if missing:

@@ -37,6 +37,21 @@ def test_fit_reward_writes_a_model_a_report_and_plots(tmp_path):
 
 
 @pytest.mark.slow
+def test_frames_from_a_trained_runs_policy_stacked_by_two(tiny_sweep, tmp_path):
+    out = rlfarm("fit-reward", f"hydra.run.dir={tmp_path / 'fit'}", f"policy={tiny_sweep / '0'}", "frames=200",
+                 "num_envs=2", "frame_stack=2", "fit.epochs=1", "+env.kwargs.max_episode_steps=20", "net.hidden=16")
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads((tmp_path / "fit" / "report.json").read_text())
+    assert report["policy_checkpoint"].endswith(".pt") and report["frame_stack"] == 2
+    from rlfarm.rewards import ModuleReward
+
+    reward = ModuleReward(model=str(tmp_path / "fit" / "reward_model.pt"))
+    assert (reward.frame_size, reward.frame_stack) == (64, 2)  # what the runners will render
+    wrong_env = rlfarm("fit-reward", f"hydra.run.dir={tmp_path / 'x'}", f"policy={tiny_sweep / '0'}", "env=halfcheetah")
+    assert wrong_env.returncode == 2 and "was trained on Pendulum-v1, not HalfCheetah-v5" in wrong_env.stderr
+
+
+@pytest.mark.slow
 def test_sac_learns_from_a_reward_fitted_to_frames(tmp_path, sac_pendulum_run):
     fit_dir, run_dir = tmp_path / "fit", tmp_path / "run"
     out = rlfarm("fit-reward", f"hydra.run.dir={fit_dir}", *FIT)

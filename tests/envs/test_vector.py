@@ -116,10 +116,11 @@ def test_mujoco_warnings_go_to_logging_not_a_log_file_in_cwd(tmp_path, monkeypat
 
 
 def fill_rows(workers: int, steps: int = 6, num_envs: int = 3, batch_render: bool = False,
-              frame_size: int = 16) -> tuple[dict, list]:
+              frame_size: int = 16, frame_stack: int = 1) -> tuple[dict, list]:
     """`steps` vector steps of HalfCheetahs (episodes of 4 steps, so one ends inside) written in place."""
     env = VectorEnv("HalfCheetah-v5", num_envs=num_envs, seed=7, frame_size=frame_size,
-                    kwargs={"max_episode_steps": 4}, workers=workers, batch_render=batch_render)
+                    kwargs={"max_episode_steps": 4}, workers=workers, batch_render=batch_render,
+                    frame_stack=frame_stack)
     rows = env.step_buffers(steps)
     env.reset_into(rows)
     episodes = []
@@ -164,6 +165,32 @@ def test_batch_render_draws_the_frames_of_one_context_per_sub_env(workers):
     off = np.abs(tiled["frames"].astype(np.int16) - alone["frames"])
     assert off.max() <= 1 and (off > 0).mean() < 0.01
     assert not np.array_equal(tiled["frames"][3], tiled["frames"][4])  # the reset state is not drawn at the done step
+
+
+def test_stacked_pendulum_frames_end_with_the_unstacked_frame():
+    def frames(stack):
+        env = VectorEnv("Pendulum-v1", 2, seed=3, frame_size=16, kwargs={"max_episode_steps": 3}, frame_stack=stack)
+        env.reset()
+        out = np.stack([env.step(a).frames for a in pendulum_actions(5, 2)])
+        env.close()
+        return out
+
+    stacked, plain = frames(2), frames(1)
+    assert stacked.shape == (5, 2, 16, 16, 6)
+    np.testing.assert_array_equal(stacked[..., 3:], plain)
+    np.testing.assert_array_equal(stacked[1, ..., :3], plain[0])
+
+
+@pytest.mark.parametrize("workers, batch_render", [(0, False), (2, True)])
+def test_stacked_frames_hold_the_render_before_the_step(workers, batch_render):
+    """frame_stack=2: channels 0..2 are the step before's render, and at an episode's first step (4: after the done
+    step 3) the reset state's render, which no unstacked frame shows (MuJoCo: in worker processes and as tiles)."""
+    stacked, _ = fill_rows(workers=workers, batch_render=batch_render, frame_stack=2)
+    assert stacked["frames"].shape == (6, 3, 16, 16, 6)
+    for t in (1, 2, 3, 5):
+        np.testing.assert_array_equal(stacked["frames"][t, ..., :3], stacked["frames"][t - 1, ..., 3:])
+    assert not np.array_equal(stacked["frames"][4, ..., :3], stacked["frames"][3, ..., 3:])  # the reset state
+    assert not np.array_equal(stacked["frames"][0, ..., :3], stacked["frames"][0, ..., 3:])  # the start state
 
 
 def test_batch_render_steps_on_another_thread_than_the_one_that_built_it():

@@ -23,6 +23,18 @@ def bright_square_frames(n: int, size: int = 16, seed: int = 0) -> LabeledFrames
     return LabeledFrames(frames, targets, targets.copy(), np.arange(n) // 10)
 
 
+def test_a_stack_of_two_frames_lets_the_cnn_see_motion(one_torch_thread):
+    """The target is how far the square moved between two frames: invisible in one frame, plain in a stack."""
+    before, after = bright_square_frames(600, seed=1), bright_square_frames(600, seed=2)
+    stacked = LabeledFrames(np.concatenate([before.frames, after.frames], axis=-1), after.targets - before.targets,
+                            after.targets - before.targets, before.episode)
+    one_frame = LabeledFrames(after.frames, stacked.targets, stacked.targets, before.episode)
+    fits = {k: fit(PixelCNN(frame_size=16, channels=(8, 16), hidden=32, frame_stack=k), data, epochs=15,
+                   batch_size=32, lr=3e-3, weight_decay=0.0, holdout=0.2, seed=0).held_out["r2"]
+            for k, data in ((1, one_frame), (2, stacked))}
+    assert fits[2] > 0.8 and fits[1] < 0.6, fits
+
+
 def test_split_holds_out_whole_episodes():
     episode = np.repeat(np.arange(10), 7)
     train, held = split_by_episode(episode, 0.3, seed=0)
