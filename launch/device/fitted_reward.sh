@@ -1,0 +1,32 @@
+#!/bin/bash
+# Issue 19 on a 2-GPU machine: HalfCheetah from a reward fitted to frames, next to the env-reward run.
+#   fitted_reward.sh env_and_fit   reward=env run (split_1_1, $WALL s), then rlfarm fit-reward on frames of its policy
+#                                  (stacks of 2 renders: the reward is a velocity), fitted on the GPU
+#   fitted_reward.sh fitted        the same run with reward=model reward.model=<the fit> (carried in fit/ if cold)
+# Env: WALL, RUNNERS, NUM_ENVS, FRAMES, FRAME_SIZE. Results (metrics, summaries, fit report, plots) go to $OUT.
+set -uo pipefail
+PHASE=${1:-env_and_fit}
+source launch/device/gpu_env.sh
+WALL=${WALL:-150}; RUNNERS=${RUNNERS:-12}; NUM_ENVS=${NUM_ENVS:-4}; FRAMES=${FRAMES:-40000}; FRAME_SIZE=${FRAME_SIZE:-64}
+nvidia-smi -L > "$OUT/gpus.txt"; nproc >> "$OUT/gpus.txt"
+RUN=(topology=split_1_1 env=halfcheetah run.live=false total_env_steps=100000000 run.max_wall_s=$WALL
+     topology.roles.env_runner.count=$RUNNERS env.num_envs=$NUM_ENVS)
+keep() {  # run dir → $OUT/<name>/ (no checkpoints)
+  mkdir -p "$OUT/$1"; cp "$2"/{metrics.jsonl,summary.json,config.yaml,*.log,report.json,*.png} "$OUT/$1/" 2>/dev/null
+  [ -d "$2/report" ] && cp -r "$2/report" "$OUT/$1/"
+}
+if [ "$PHASE" = env_and_fit ]; then
+  timeout $((WALL + 120)) rlfarm train "${RUN[@]}" reward=env hydra.run.dir=/tmp/env_run > /tmp/env_run.log 2>&1
+  echo "env run rc=$?"; tail -2 /tmp/env_run.log | cut -c1-600
+  rlfarm report path=/tmp/env_run > /dev/null 2>&1; keep env_run /tmp/env_run
+  timeout 400 rlfarm fit-reward env=halfcheetah policy=/tmp/env_run frames=$FRAMES frame_stack=2 frame_size=$FRAME_SIZE \
+    num_envs=16 fit.epochs=10 fit.batch_size=512 hydra.run.dir=/tmp/fit > /tmp/fit.log 2>&1
+  echo "fit rc=$?"; tail -1 /tmp/fit.log | cut -c1-600
+  keep fit /tmp/fit; cp /tmp/fit/reward_model.pt "$OUT/fit/"
+else
+  MODEL=/tmp/fit/reward_model.pt; [ -f $MODEL ] || MODEL=$PWD/fit/reward_model.pt
+  timeout $((WALL + 120)) rlfarm train "${RUN[@]}" reward=model reward.model=$MODEL hydra.run.dir=/tmp/fitted_run \
+    > /tmp/fitted_run.log 2>&1
+  echo "fitted run rc=$?"; tail -2 /tmp/fitted_run.log | cut -c1-600
+  rlfarm report path=/tmp/fitted_run > /dev/null 2>&1; keep fitted_run /tmp/fitted_run
+fi
