@@ -9,7 +9,8 @@ import torch
 from omegaconf import OmegaConf
 
 from rlfarm.errors import RlfarmError
-from rlfarm.evaluation import find_checkpoint, play_episode, resize_frames, score_with_reward_model, write_video
+from rlfarm.evaluation import (find_checkpoint, play_episode, resize_frames, score_with_reward_model, stack_frames,
+                               write_video)
 from rlfarm.models.mlp import SquashedGaussianActor
 from rlfarm.rewards import ModuleReward
 
@@ -38,6 +39,14 @@ def test_reward_model_scores_frames_at_its_own_size(actor):
     expected = model({"frames": resize_frames(episode.frames, 16)}).sum()
     assert resize_frames(episode.frames, 16).shape == (20, 16, 16, 3)
     assert score_with_reward_model(model, episode) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_stacked_frames_for_a_reward_that_reads_two_renders():
+    frames = np.arange(4, dtype=np.uint8).reshape(4, 1, 1, 1).repeat(3, axis=-1)  # frame i is all i
+    stacked = stack_frames(frames, 2)
+    assert stacked.shape == (4, 1, 1, 6)
+    assert stacked[:, 0, 0, 0].tolist() == [0, 0, 1, 2] and stacked[:, 0, 0, 3].tolist() == [0, 1, 2, 3]
+    assert stack_frames(frames, 1) is frames
 
 
 def test_video_has_one_frame_per_step(tmp_path):
