@@ -3,6 +3,8 @@
 #   fitted_reward.sh env_and_fit   reward=env run (split_1_1, $WALL s), then rlfarm fit-reward on frames of its policy
 #                                  (stacks of 2 renders: the reward is a velocity), fitted on the GPU
 #   fitted_reward.sh fitted        the same run with reward=model reward.model=<the fit> (carried in fit/ if cold)
+#   fitted_reward.sh all           both, in one call (the device hands back only a few files, and a cold machine has
+#                                  lost /tmp): everything is packed into $OUT/fitted_reward.tgz
 # Env: WALL, RUNNERS, NUM_ENVS, FRAMES, FRAME_SIZE. Results (metrics, summaries, fit report, plots) go to $OUT.
 set -uo pipefail
 PHASE=${1:-env_and_fit}
@@ -15,7 +17,11 @@ keep() {  # run dir → $OUT/<name>/ (no checkpoints)
   mkdir -p "$OUT/$1"; cp "$2"/{metrics.jsonl,summary.json,config.yaml,*.log,report.json,*.png} "$OUT/$1/" 2>/dev/null
   [ -d "$2/report" ] && cp -r "$2/report" "$OUT/$1/"
 }
-if [ "$PHASE" = env_and_fit ]; then
+if [ "$PHASE" = all ]; then
+  OUT_FINAL=$OUT; OUT=/tmp/pack; mkdir -p $OUT
+  bash "$0" env_and_fit && bash "$0" fitted
+  tar -czf "$OUT_FINAL/fitted_reward.tgz" -C /tmp pack; ls -la "$OUT_FINAL"; exit 0
+elif [ "$PHASE" = env_and_fit ]; then
   timeout $((WALL + 120)) rlfarm train "${RUN[@]}" reward=env hydra.run.dir=/tmp/env_run > /tmp/env_run.log 2>&1
   echo "env run rc=$?"; tail -2 /tmp/env_run.log | cut -c1-600
   rlfarm report path=/tmp/env_run > /dev/null 2>&1; keep env_run /tmp/env_run
