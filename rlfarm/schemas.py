@@ -242,7 +242,7 @@ class FitRewardSchema(Ranged):
     net: Any
     target: RewardTarget
     labels: Optional[str]
-    policy: str
+    policy: Any  # random, a run dir, or a list of them (each collects an equal share)
     frames: int
     frame_size: int
     frame_stack: int

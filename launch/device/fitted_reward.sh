@@ -3,7 +3,10 @@
 #   fitted_reward.sh env_and_fit   reward=env run (split_1_1, $WALL s), then rlfarm fit-reward on frames of its policy
 #                                  (stacks of 2 renders: the reward is a velocity), fitted on the GPU
 #   fitted_reward.sh fitted        the same run with reward=model reward.model=<the fit> (carried in fit/ if cold)
-#   fitted_reward.sh all           both, in one call (the device hands back only a few files, and a cold machine has
+#   fitted_reward.sh refit         a second fit on frames of both policies (the env run's and the fitted run's, which
+#                                  shows the states the first model overrates, labeled with the env's reward), and a
+#                                  third run on it
+#   fitted_reward.sh all | all2    env_and_fit + fitted (+ refit for all2), in one call (the device hands back only a few files, and a cold machine has
 #                                  lost /tmp): everything is packed into $OUT/fitted_reward.tgz
 # Env: WALL, RUNNERS, NUM_ENVS, FRAMES, FRAME_SIZE. Results (metrics, summaries, fit report, plots) go to $OUT.
 set -uo pipefail
@@ -17,9 +20,9 @@ keep() {  # run dir → $OUT/<name>/ (no checkpoints)
   mkdir -p "$OUT/$1"; cp "$2"/{metrics.jsonl,summary.json,config.yaml,*.log,report.json,*.png} "$OUT/$1/" 2>/dev/null
   [ -d "$2/report" ] && cp -r "$2/report" "$OUT/$1/"
 }
-if [ "$PHASE" = all ]; then
+if [ "$PHASE" = all ] || [ "$PHASE" = all2 ]; then
   OUT_FINAL=$OUT; OUT=/tmp/pack; mkdir -p $OUT
-  bash "$0" env_and_fit && bash "$0" fitted
+  bash "$0" env_and_fit && bash "$0" fitted && { [ "$PHASE" = all ] || bash "$0" refit; }
   tar -czf "$OUT_FINAL/fitted_reward.tgz" -C /tmp pack; ls -la "$OUT_FINAL"; exit 0
 elif [ "$PHASE" = env_and_fit ]; then
   timeout $((WALL + 120)) rlfarm train "${RUN[@]}" reward=env hydra.run.dir=/tmp/env_run > /tmp/env_run.log 2>&1
@@ -29,6 +32,14 @@ elif [ "$PHASE" = env_and_fit ]; then
     num_envs=16 fit.epochs=10 fit.batch_size=512 hydra.run.dir=/tmp/fit > /tmp/fit.log 2>&1
   echo "fit rc=$?"; tail -1 /tmp/fit.log | cut -c1-600
   keep fit /tmp/fit; cp /tmp/fit/reward_model.pt "$OUT/fit/"
+elif [ "$PHASE" = refit ]; then
+  timeout 400 rlfarm fit-reward env=halfcheetah "policy=[/tmp/env_run,/tmp/fitted_run]" frames=$FRAMES frame_stack=2 \
+    frame_size=$FRAME_SIZE num_envs=16 fit.epochs=10 fit.batch_size=512 hydra.run.dir=/tmp/refit > /tmp/refit.log 2>&1
+  echo "refit rc=$?"; tail -1 /tmp/refit.log | cut -c1-600; keep refit /tmp/refit
+  timeout $((WALL + 120)) rlfarm train "${RUN[@]}" reward=model reward.model=/tmp/refit/reward_model.pt \
+    hydra.run.dir=/tmp/refitted_run > /tmp/refitted_run.log 2>&1
+  echo "refitted run rc=$?"; tail -2 /tmp/refitted_run.log | cut -c1-600
+  rlfarm report path=/tmp/refitted_run > /dev/null 2>&1; keep refitted_run /tmp/refitted_run
 else
   MODEL=/tmp/fit/reward_model.pt; [ -f $MODEL ] || MODEL=$PWD/fit/reward_model.pt
   timeout $((WALL + 120)) rlfarm train "${RUN[@]}" reward=model reward.model=$MODEL hydra.run.dir=/tmp/fitted_run \

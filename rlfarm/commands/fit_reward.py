@@ -40,8 +40,9 @@ def check_options(cfg: DictConfig) -> None:
             raise ConfigError(f"labels: {problem}", "pass labels=<an .npz with frames [n, H, W, 3] and rewards [n]>")
     else:
         check_env_id(str(cfg.env.id))
-        if cfg.policy != "random":
-            policy_run(cfg)
+        for policy in policies(cfg):
+            if policy != "random":
+                policy_run(cfg, policy)
     if cfg.frames < 10:
         raise ConfigError(f"frames={cfg.frames} is too few to hold some out", "collect frames=1000 or more")
     tower = OmegaConf.select(cfg, "net.tower", default=None)
@@ -58,19 +59,29 @@ def check_options(cfg: DictConfig) -> None:
         raise ConfigError(f"fit.device={cfg.fit.device}", "set fit.device=auto|cpu|cuda")
 
 
-def policy_run(cfg: DictConfig):
-    """The trained run whose actor collects the frames (its newest intact checkpoint), checked against the env."""
+def policies(cfg: DictConfig) -> list[str]:
+    """cfg.policy as a list: one policy, or several that each collect an equal share of the frames (e.g. a first
+    fitted run's policy beside the env-reward run's, to refit on the states a policy found by exploiting the model)."""
+    value = cfg.policy
+    chosen = [str(p) for p in value] if OmegaConf.is_list(value) or isinstance(value, list) else [str(value)]
+    if not chosen:
+        raise ConfigError("policy=[] names no policy", "pass policy=random, a run dir, or a list of them")
+    return chosen
+
+
+def policy_run(cfg: DictConfig, policy: str):
+    """The trained run whose actor collects frames (its newest intact checkpoint), checked against the env."""
     from rlfarm.checkpoint_files import newest_intact
     from rlfarm.evaluation import check_run_dir, load_trained_run
 
     try:
-        run_dir = check_run_dir(cfg.policy)
+        run_dir = check_run_dir(policy)
     except RlfarmError as error:
         raise ConfigError(f"policy: {error.problem}", "pass policy=random or policy=<a run dir of rlfarm train>") from None
     checkpoint = newest_intact(run_dir / "checkpoints", "collecting with", "pass policy=random or another run dir")
     run = load_trained_run(run_dir, checkpoint.name if checkpoint else "latest")
     if str(run.cfg.env.id) != str(cfg.env.id):
-        raise ConfigError(f"policy={cfg.policy} was trained on {run.cfg.env.id}, not {cfg.env.id}",
+        raise ConfigError(f"policy={policy} was trained on {run.cfg.env.id}, not {cfg.env.id}",
                           f"pass env.id={run.cfg.env.id} (or the env group it used)")
     return run
 
@@ -99,11 +110,12 @@ def task(cfg: DictConfig) -> dict:
 
 def fit_reward(cfg: DictConfig, out: Path) -> dict:
     """Collect (or load) labelled frames, fit cfg.net to them, write the model file and the report."""
+    import numpy as np
     import torch
     from hydra.utils import instantiate
 
     from rlfarm.evaluation import build_actor, env_kwargs
-    from rlfarm.reward_fitting.collect import collect, load_labels
+    from rlfarm.reward_fitting.collect import collect, concat_frames, load_labels
     from rlfarm.reward_fitting.fit import fit
     from rlfarm.reward_fitting.report import write_fit_report
     from rlfarm.rewards.fitted import save_fitted
@@ -118,14 +130,22 @@ def fit_reward(cfg: DictConfig, out: Path) -> dict:
         data = load_labels(cfg.labels, int(cfg.frame_size), int(cfg.frame_stack))
         source = {"labels": str(Path(cfg.labels).resolve())}
     else:
-        actor, source = None, {"env": str(cfg.env.id), "policy": str(cfg.policy)}
-        if cfg.policy != "random":
-            run = policy_run(cfg)
-            actor = build_actor(run.cfg, run.state["agent"]["actor"], run.cfg.env)
-            source["policy_checkpoint"] = str(run.checkpoint)
-        log.info(f"fit-reward: collecting {cfg.frames} frames of {cfg.env.id} at {cfg.frame_size} px ({cfg.policy} policy)")
-        data = collect(str(cfg.env.id), env_kwargs(cfg.env), int(cfg.frames), int(cfg.frame_size), str(cfg.target),
-                       actor, int(cfg.num_envs), int(cfg.seed), int(cfg.frame_stack))
+        chosen = policies(cfg)
+        source = {"env": str(cfg.env.id), "policy": chosen if len(chosen) > 1 else chosen[0]}
+        parts, checkpoints = [], []
+        shares = [len(part) for part in np.array_split(np.arange(int(cfg.frames)), len(chosen))]
+        for i, (policy, share) in enumerate(zip(chosen, shares)):
+            actor = None
+            if policy != "random":
+                run = policy_run(cfg, policy)
+                actor = build_actor(run.cfg, run.state["agent"]["actor"], run.cfg.env)
+                checkpoints.append(str(run.checkpoint))
+            log.info(f"fit-reward: collecting {share} frames of {cfg.env.id} at {cfg.frame_size} px ({policy} policy)")
+            parts.append(collect(str(cfg.env.id), env_kwargs(cfg.env), share, int(cfg.frame_size), str(cfg.target),
+                                 actor, int(cfg.num_envs), int(cfg.seed) + 1000 * i, int(cfg.frame_stack)))
+        data = concat_frames(parts)
+        if checkpoints:
+            source["policy_checkpoint"] = checkpoints if len(checkpoints) > 1 else checkpoints[0]
     collect_s = round(time.monotonic() - started, 2)
     module_node = OmegaConf.to_container(cfg.net, resolve=True)
     net = instantiate(module_node)

@@ -81,6 +81,13 @@ def collect(env_id: str, env_kwargs: dict, count: int, frame_size: int, target: 
     return LabeledFrames(frames, targets, env_reward, episode)
 
 
+def concat_frames(parts: list[LabeledFrames]) -> LabeledFrames:
+    """Frames of several collections in one set; episode numbers are kept apart."""
+    offsets = np.cumsum([0] + [int(p.episode.max()) + 1 if len(p) else 0 for p in parts[:-1]])
+    return LabeledFrames(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("frames", "targets", "env_reward")),
+                         np.concatenate([p.episode + offset for p, offset in zip(parts, offsets)]))
+
+
 def _actions(actor, obs: list[np.ndarray], space, rng: np.random.Generator) -> np.ndarray:
     if actor is None:
         low, high = space.low, space.high

@@ -38,11 +38,12 @@ def test_fit_reward_writes_a_model_a_report_and_plots(tmp_path):
 
 @pytest.mark.slow
 def test_frames_from_a_trained_runs_policy_stacked_by_two(tiny_sweep, tmp_path):
-    out = rlfarm("fit-reward", f"hydra.run.dir={tmp_path / 'fit'}", f"policy={tiny_sweep / '0'}", "frames=200",
+    out = rlfarm("fit-reward", f"hydra.run.dir={tmp_path / 'fit'}", f"policy=[random,{tiny_sweep / '0'}]", "frames=160",
                  "num_envs=2", "frame_stack=2", "fit.epochs=1", "+env.kwargs.max_episode_steps=20", "net.hidden=16")
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads((tmp_path / "fit" / "report.json").read_text())
-    assert report["policy_checkpoint"].endswith(".pt") and report["frame_stack"] == 2
+    assert report["policy"][0] == "random" and report["policy_checkpoint"].endswith(".pt")  # one share each
+    assert report["frame_stack"] == 2 and report["frames"] == 160 and report["episodes"] == 8
     from rlfarm.rewards import ModuleReward
 
     reward = ModuleReward(model=str(tmp_path / "fit" / "reward_model.pt"))
