@@ -84,12 +84,37 @@ def load_runs(root: Path) -> list[RunData]:
         config = _flatten(yaml.safe_load(config_path.read_text()) or {}) if config_path.is_file() else {}
         runs.append(RunData(directory, config, _read_jsonl(directory / "metrics.jsonl"),
                             _read_json(directory / "summary.json"), _read_json(directory / "status.json")))
-    keys = varying_keys(runs)
+    keys = label_keys(runs)
     colors = _colors(len(runs))
     for run, color in zip(runs, colors):
-        run.label = " ".join(f"{k}={_short(run.config.get(k))}" for k in keys) or run.dir.name
+        parts = [f"{k}={_short(run.config.get(k))}" for k in keys[:MAX_LABEL_KEYS]]
+        more = f" +{len(keys) - MAX_LABEL_KEYS} more" if len(keys) > MAX_LABEL_KEYS else ""
+        run.label = " ".join(parts) + more if parts else run.dir.name
         run.color = color
     return runs
+
+
+MAX_LABEL_KEYS = 3  # a legend entry names at most this many differing keys (report.md's table has them all)
+
+
+def label_keys(runs: list[RunData]) -> list[str]:
+    """The varying keys a legend shows: first those all runs have; keys that only some runs have (the other settings
+    of another group option, e.g. reward.model for reward=model vs reward=env) only as far as needed to tell runs
+    apart."""
+    keys = varying_keys(runs)
+    chosen = [k for k in keys if all(r.config.get(k) is not None for r in runs)]
+
+    def distinct(with_keys: list[str]) -> int:
+        return len({tuple(json.dumps(r.config.get(k), default=str) for k in with_keys) for r in runs})
+
+    rest = [k for k in keys if k not in chosen]
+    while rest and distinct(chosen) < len(runs):  # greedily, the key that tells the most runs apart
+        best = max(rest, key=lambda k: distinct([*chosen, k]))
+        if distinct([*chosen, best]) == distinct(chosen):
+            break
+        chosen.append(best)
+        rest.remove(best)
+    return chosen
 
 
 def varying_keys(runs: list[RunData]) -> list[str]:
@@ -302,8 +327,14 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def _short(value) -> str:
+    """A config value for a legend: a `_target_` by its class name, a long path by its last two parts."""
     text = json.dumps(value, default=str) if isinstance(value, (list, dict)) else str(value)
-    return text.replace(" ", "")
+    text = text.replace(" ", "")
+    if isinstance(value, str) and "/" in text and len(text) > 32:
+        return "…/" + "/".join(text.rstrip("/").split("/")[-2:])
+    if isinstance(value, str) and text.count(".") >= 2 and text.replace(".", "").replace("_", "").isalnum():
+        return text.rsplit(".", 1)[-1]  # rlfarm.rewards.model.ModuleReward → ModuleReward
+    return text
 
 
 def _natural_key(path: Path) -> list:
