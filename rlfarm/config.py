@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.errors import ConfigError
 # importing rlfarm.schemas also stores the schemas the conf/ files name in Hydra's ConfigStore
-from rlfarm.schemas import FREE_FORM_KEYS, PATH_SETTINGS, PathKind
+from rlfarm.schemas import FREE_FORM_KEYS, PATH_SETTINGS, PATH_SETTINGS_BY_TARGET, PathKind
 from rlfarm.settings import RangeError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -478,6 +478,8 @@ def check_paths(cfg: DictConfig) -> None:
     """Every setting that names a file or model (rlfarm.schemas.PATH_SETTINGS) names one of the right kind:
     a role that cannot open it would only die after Ray started."""
     for key, setting in PATH_SETTINGS.items():
+        target = OmegaConf.select(cfg, f"{key.rsplit('.', 1)[0]}._target_", default=None)
+        setting = PATH_SETTINGS_BY_TARGET.get((key, target), setting)
         value = OmegaConf.select(cfg, key, default=None)
         problem = None if value is None else path_problem(str(value), setting.kind)
         if problem:
@@ -489,8 +491,6 @@ def path_problem(value: str, kind: PathKind) -> str | None:
     if not value.strip():
         return f"blank ({value!r})"
     path = Path(os.path.expanduser(value))
-    if kind is PathKind.model_or_file:
-        kind = PathKind.file if path.is_file() else PathKind.model
     if kind is PathKind.file:
         if not path.exists():
             return f"no such file '{value}'"

@@ -255,7 +255,6 @@ class FitRewardSchema(Ranged):
 class PathKind(Enum):
     file = "file"  # a non-empty file
     model = "model"  # a folder written by save_pretrained (has config.json), or a hub id like org/name
-    model_or_file = "model_or_file"  # a non-empty file (reward=model: a fitted reward), or else a model as above
 
 
 @dataclass(frozen=True)
@@ -267,13 +266,17 @@ class PathSetting:
 # Settings that name something on disk, and what each must be. rlfarm.config.check_paths checks them before
 # anything starts: a role that cannot open its model or file dies only after Ray started, in a wall of log.
 PATH_SETTINGS = {
-    "reward.model": PathSetting(PathKind.model_or_file, "a model folder written by save_pretrained, a hub id like "
-                                                        "openai/clip-vit-base-patch16, or for reward=model a file "
-                                                        "from rlfarm fit-reward"),  # reward=clip|model, HF models
+    "reward.model": PathSetting(PathKind.model, "a model folder written by save_pretrained, or a hub id like "
+                                                "openai/clip-vit-base-patch16"),  # reward=clip, HF reward models
     "reward.checkpoint": PathSetting(PathKind.file, "a state_dict or TorchScript file, or null"),  # reward=model
     "model.source": PathSetting(PathKind.model, "a folder written by save_pretrained, or a hub id like "
                                                 "Qwen/Qwen2.5-0.5B"),  # model=hf_lm|hf_vla (a VLA: a folder only)
     "env.path": PathSetting(PathKind.file, "a .jsonl or .parquet file of question/answer records"),  # env=prompts
+}
+
+# The same key where one `_target_` reads something else: (key, the node's _target_) → what it must be.
+PATH_SETTINGS_BY_TARGET = {
+    ("reward.model", "rlfarm.rewards.model.ModuleReward"): PathSetting(PathKind.file, "a file written by rlfarm fit-reward"),
 }
 
 # Nodes of groups without a schema whose keys are data, not rlfarm settings, so any key may be added with `+`

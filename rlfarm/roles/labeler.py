@@ -139,7 +139,7 @@ class Labeler:
         out, start = [], 0
         for meta, chunk in items:
             n = meta["size"]
-            labeled = {key: chunk[key] for key in LEARNER_FIELDS}
+            labeled = {key: chunk[key] for key in LEARNER_FIELDS if key in chunk}  # a bench producer may send no env_reward
             labeled["reward"] = rewards[start:start + n]
             start += n
             out.append(({**meta, "labeled_at": labeled_at, "labeled_by": (self.index, self.incarnation)}, labeled))

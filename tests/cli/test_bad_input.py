@@ -202,6 +202,8 @@ CASES = [
     # a learned reward: a file that fit-reward did not write; fit-reward's own options
     pytest.param(["train", "reward=model", "reward.model={tmp}/a_file"], "reward.model: cannot read fitted reward",
                  id="fitted-reward-not-a-fitted-file"),
+    pytest.param(["train", "reward=model", "reward.model={tmp}/empty_dir"], "'{tmp}/empty_dir' is a folder, not a file",
+                 id="fitted-reward-a-folder"),
     pytest.param(["fit-reward", "target=file"], "target=file needs labels=<file.npz>", id="fit-file-without-labels"),
     pytest.param(["fit-reward", "target=rewards"], "target must be one of env_reward|success|file", id="fit-unknown-target"),
     pytest.param(["fit-reward", "policy={tmp}/empty_dir"], "policy: '{tmp}/empty_dir' is not a run directory",
