@@ -70,6 +70,33 @@ def test_write_report_figures_and_markdown(sweep):
     assert "| algo.lr=0.001 (2 seeds) | 1, 2 | -548.5 ± 0.5 |" in markdown
 
 
+def test_runs_that_log_the_labeled_reward_get_a_rewards_figure(tmp_path):
+    """A learned reward is judged by the true return beside the reward trained on: rewards.png, 3 panels."""
+    run = fake_run(tmp_path / "run", seed=1)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.endswith("}")]
+    rows = [{**r, "labeled_reward_mean": 1.0 + r["env_steps"] / 1000, "env_reward_mean": -1.0} for r in rows]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    result = write_report(run, dpi=30)
+    assert "rewards.png" in {p.name for p in result["figures"]}
+    image = mpimg.imread(run / "report" / "rewards.png")
+    assert image.shape[1] == round(PANEL_INCHES[0] * 3 * 30) and image.std() > 0.01
+
+
+def test_legends_name_only_the_keys_that_tell_runs_apart(tmp_path):
+    import yaml
+
+    for name, reward in (("env", {"_target_": "rlfarm.rewards.env.EnvReward"}),
+                         ("a", {"_target_": "rlfarm.rewards.model.ModuleReward", "model": "/tmp/fit/a/reward_model.pt", "dtype": "bf16"}),
+                         ("b", {"_target_": "rlfarm.rewards.model.ModuleReward", "model": "/tmp/fit/b/reward_model.pt", "dtype": "bf16"})):
+        fake_run(tmp_path / name, seed=1)
+        config = yaml.safe_load((tmp_path / name / "config.yaml").read_text())
+        (tmp_path / name / "config.yaml").write_text(yaml.safe_dump({**config, "reward": reward}))
+    assert [r.label for r in load_runs(tmp_path)] == [
+        "reward._target_=ModuleReward reward.model=/tmp/fit/a/reward_model.pt",
+        "reward._target_=ModuleReward reward.model=/tmp/fit/b/reward_model.pt",
+        "reward._target_=EnvReward reward.model=None"]
+
+
 def test_single_run_has_no_seed_figure(tmp_path):
     run = fake_run(tmp_path / "run", seed=3)
     result = write_report(run, dpi=30)
