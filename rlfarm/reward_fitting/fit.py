@@ -8,7 +8,6 @@ optionally compiled.
 """
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -79,7 +78,7 @@ def fit(net: FittedReward, data: LabeledFrames, epochs: int, batch_size: int, lr
         net.train()
         return float(F.mse_loss(scores, standardized[held_index]))
 
-    best = (held_out_mse(), 0, copy.deepcopy(net.state_dict()))
+    best = (held_out_mse(), 0, _trained_copy(net))
     curve = [{"epoch": 0, "train_mse": None, "held_out_mse": best[0]}]
     net.train()
     for epoch in range(1, epochs + 1):
@@ -94,8 +93,8 @@ def fit(net: FittedReward, data: LabeledFrames, epochs: int, batch_size: int, lr
         held = held_out_mse()
         curve.append({"epoch": epoch, "train_mse": float(np.mean(losses)), "held_out_mse": held})
         if held < best[0]:
-            best = (held, epoch, copy.deepcopy(net.state_dict()))
-    net.load_state_dict(best[2])
+            best = (held, epoch, _trained_copy(net))
+    net.load_state_dict(best[2], strict=False)  # the trained tensors; a frozen tower never changed
     net.eval()
     predictions = score(net, data.frames[held_index], device, batch_size)
     return FitResult(held_out_metrics(predictions, data.targets[held_index]), len(train_index), held_index,
@@ -123,6 +122,11 @@ def held_out_metrics(predicted: np.ndarray, true: np.ndarray) -> dict:
     return {"frames": int(len(true)), "mse": mse, "mae": float(np.mean(np.abs(error))),
             "r2": 1 - mse / variance if variance > 0 else float("nan"), "pearson": correlation,
             "target_mean": float(np.mean(true)), "target_std": float(np.std(true))}
+
+
+def _trained_copy(net: FittedReward) -> dict[str, torch.Tensor]:
+    """A copy of what the fit changes (not a frozen tower: a ViT-L's weights are over a GB)."""
+    return {k: v.detach().clone() for k, v in net.trained_state().items()}
 
 
 @torch.no_grad()
