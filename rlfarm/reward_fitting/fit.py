@@ -101,16 +101,9 @@ def fit(net: FittedReward, data: LabeledFrames, epochs: int, batch_size: int, lr
                      predictions, best[1], round(time.monotonic() - started, 2), curve)
 
 
-@torch.no_grad()
 def score(net: FittedReward, frames: np.ndarray, device, batch_size: int = 256) -> np.ndarray:
-    """The network's rewards for frames [n, S, S, 3] uint8, as the labelers compute them. Returns [n] float32."""
-    device = torch.device(device)
-    out = []
-    for start in range(0, len(frames), batch_size):
-        batch = torch.from_numpy(np.ascontiguousarray(frames[start:start + batch_size])).to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            out.append(net(batch).float().cpu())
-    return torch.cat(out).numpy() if out else np.empty(0, np.float32)
+    """The network's rewards for frames [n, S, S, 3k] uint8, as the labelers compute them. Returns [n] float32."""
+    return _batched(net, frames, device, batch_size).numpy()
 
 
 def held_out_metrics(predicted: np.ndarray, true: np.ndarray) -> dict:
@@ -129,15 +122,21 @@ def _trained_copy(net: FittedReward) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in net.trained_state().items()}
 
 
-@torch.no_grad()
 def _cached_features(net: FittedReward, frames: np.ndarray, device, batch_size: int) -> torch.Tensor:
     """Frozen features of every frame, on CPU (moved to the device per minibatch)."""
+    return _batched(net.features, frames, device, batch_size)
+
+
+@torch.no_grad()
+def _batched(fn, frames: np.ndarray, device, batch_size: int) -> torch.Tensor:
+    """fn over frames in minibatches on the device (bf16 autocast on CUDA); the results float32, on CPU."""
+    device = torch.device(device)
     out = []
     for start in range(0, len(frames), batch_size):
         batch = torch.from_numpy(np.ascontiguousarray(frames[start:start + batch_size])).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            out.append(net.features(batch).float().cpu())
-    return torch.cat(out)
+            out.append(fn(batch).float().cpu())
+    return torch.cat(out) if out else torch.empty(0)
 
 
 def _frames(data: LabeledFrames, index: np.ndarray, device) -> torch.Tensor:

@@ -16,6 +16,7 @@ trained state (frozen parts left out), the frame size it was fitted at and what 
 """
 from __future__ import annotations
 
+import abc
 import os
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from rlfarm.rewards.clip import goal_baseline_reward
 FORMAT = "rlfarm.fitted_reward/1"
 
 
-class FittedReward(nn.Module):
+class FittedReward(nn.Module, abc.ABC):
     """What the fitter and the labelers need of a fitted network: features → head, in the target's units.
 
     frozen_prefixes: state-dict prefixes that are not trained and not saved (a pretrained tower).
@@ -44,12 +45,13 @@ class FittedReward(nn.Module):
         self.register_buffer("target_mean", torch.zeros(()))
         self.register_buffer("target_std", torch.ones(()))
 
+    @abc.abstractmethod
     def features(self, frames: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """frames [n, S, S, 3k] uint8 → what the head reads (no trained weights in here)."""
 
+    @abc.abstractmethod
     def head(self, features: torch.Tensor) -> torch.Tensor:
         """features → standardized reward [n]."""
-        raise NotImplementedError
 
     def init_head(self, features: torch.Tensor, standardized_targets: torch.Tensor) -> None:
         """A data-dependent start for the head (optional)."""
