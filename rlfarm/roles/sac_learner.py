@@ -1,34 +1,13 @@
 """SAC learner role: the algorithm, its replay buffer (in this process, so sampling is a local gather) and the
 update schedule (on CUDA the updates run in CUDA-graph groups: `rlfarm.algos.sac_graph.ReplayUpdates`, held
-here, not by the agent). Labeled chunks arrive from labelers; each chunk id is stored once (exactly-once storage
-even if a chunk is re-sent). Updates follow the update-to-data ratio (any ratio, below 1 too) and never run
-ahead of stored data; a chunk's credit goes back to its runner once the updates it owes are done, which keeps
-acting, labeling and learning within a few chunks of each other.
-
-One thread, the update loop (`run`), owns the agent, the buffer and the counters; it works in bursts of a few
-updates and, between bursts, stores what arrived, acks runners and serves checkpoint requests. No other thread
-waits on a lock the loop holds through a burst: a checkpoint (or a load) is a request the loop serves at its
-next burst boundary (a snapshot in memory; the file is written by the calling thread), so it waits for one
-burst, never for the data to stop. (It used to take a lock the loop re-took right after every burst; Python
-locks are not fair, so while updates were owed a save got it only by chance: the 4x H100 freeze, issue 15.)
-
-Weights: every `publish_every` updates the actor's weights are copied off the device without stopping the
-update stream and put in the object store once (versioned) by a publishing thread; a runner gets the newest
-publication with its next ack (`runner.ack.remote(seqs, published)`), and all runners get it at the start,
-after a load and on `push_weights` (a restarted runner)."""
+here, not by the agent). Updates follow the update-to-data ratio (any ratio, below 1 too) and never run ahead of
+stored data; a chunk's credit goes back once the updates it owes are done. Storage, acks, weight publication and
+checkpoints are the farm learners' shared machinery (rlfarm/roles/chunk_learner.py)."""
 from __future__ import annotations
 
-import logging
 import math
-import os
-import queue
-import threading
-import time
-from collections import defaultdict, deque
-from collections.abc import Callable
 from fractions import Fraction
 
-import numpy as np
 import torch
 from hydra.utils import instantiate
 
@@ -36,19 +15,13 @@ from rlfarm.algos.sac_graph import ReplayUpdates
 from rlfarm.buffers.replay import ReplayBuffer
 from rlfarm.buffers.sampler import UniformSampler
 from rlfarm.buffers.storage import TensorStorage
-from rlfarm.roles.common import assigned_device, limit_threads, save_atomic, seed_everything
-from rlfarm.roles.versioned_weights import Publication, publication
+from rlfarm.roles.chunk_learner import UPDATES_PER_BURST, ChunkLearner, WeightPublisher, cpu_copy  # noqa: F401
+from rlfarm.roles.common import assigned_device, limit_threads, seed_everything
 
-log = logging.getLogger("rlfarm")
-
-UPDATES_PER_BURST = 8  # updates between looks at the inbox: small enough to ack and publish promptly
 GRAPHED_BURST = 32     # with CUDA graphs (8 updates per replay) a burst of 8 is short: look less often
-IDLE_WAIT_S = 0.05     # how long the loop waits for data when it has nothing to do
-SAVE_SNAPSHOT_WAIT_S = 5.0  # a save waits this long for a burst boundary, then snapshots mid-burst
-STAGES = ("update", "store", "publish", "idle", "checkpoint")
 
 
-class SACLearner:
+class SACLearner(ChunkLearner):
     def __init__(self, algo_cfg: dict, model_cfg: dict, spaces: dict, seed: int, threads: int = 1,
                  device: str | None = None):
         """`device`: where to learn; by default the GPU Ray assigned, else CPU (a bench may name one)."""
@@ -58,14 +31,14 @@ class SACLearner:
         # Exact ratio (0.1 is 1/10, not 0.1000000000000000055): update counts are floor(utd × stored) exactly.
         self.utd_ratio = Fraction(str(float(algo_cfg["utd_ratio"])))
         self.learning_starts = int(algo_cfg["learning_starts"])
-        self.publish_every = int(algo_cfg["publish_every"])
         # graph_updates and compile configure this role's update path, not the agent: they sit in the agent's
         # config node so that one override names them (algo.agent.graph_updates)
         agent_cfg = dict(algo_cfg["agent"])
         graph_updates, compile = int(agent_cfg.pop("graph_updates", 0)), bool(agent_cfg.pop("compile", False))
-        self.agent = instantiate(agent_cfg)(
+        agent = instantiate(agent_cfg)(
             spaces["obs_dim"], spaces["act_dim"], spaces["action_low"], spaces["action_high"],
             actor=instantiate(model_cfg["actor"]), critic=instantiate(model_cfg["critic"]), device=self.device)
+        super().__init__(agent, int(algo_cfg["publish_every"]))
         # float32 storage: chunks arrive as the envs make them (float64 observations, bool flags) and are
         # converted in the one copy that stores them.
         self.buffer = ReplayBuffer(TensorStorage(int(algo_cfg["buffer_size"]), self.device, torch.float32),
@@ -75,106 +48,29 @@ class SACLearner:
         # sampler, so CPU runs are reproducible.
         self.graphed = (ReplayUpdates(self.agent, self.buffer, graph_updates, compile)
                         if graph_updates > 0 and self.agent.device.type == "cuda" else None)
-        self.inbox: queue.Queue = queue.Queue()
-        self.stored_ids: set[tuple[int, int]] = set()
-        self.quarantined_ids: set[tuple[int, int]] = set()
-        self.quarantined_transitions = 0
-        self.unacked: deque[tuple[int, int, int]] = deque()  # (runner, seq, updates required)
-        self.runners: list = []
-        self.publisher = WeightPublisher(self.agent)
-        self._handed: dict[int, int] = {}  # runner → newest weight version handed to it (ack or push)
-        # Per worker incarnation, so the driver can account for what a worker did before it died:
-        # transitions settled (stored or quarantined) per (runner, incarnation), delivered per (labeler, incarnation).
-        self.settled_by_runner: dict[tuple[int, int], int] = defaultdict(int)
-        self.delivered_by_labeler: dict[tuple[int, int], int] = defaultdict(int)
-        self.duplicate_transitions = 0
-        self._stop = threading.Event()
-        self.stored = self.duplicates = self.updates = self.version = 0
-        self.stage_s = dict.fromkeys(STAGES, 0.0)
-        self._in_stage: tuple[str, float] | None = None  # (stage, perf_counter at its start)
-        self._stage_lock = threading.Lock()  # stats() reads the times while the loop adds to them
-        self.last_progress_at = time.time()
-        self._quiet = False  # the last wait for data found none (graphed: pay a partial group now)
-        self._looping = False  # run() is in its loop: requests go to it; otherwise callers serve them
-        self._requests: list[LoopRequest] = []
-        self._requests_lock = threading.Lock()
-        self._last_metrics: dict[str, torch.Tensor] = {}
         self._burst_done: torch.cuda.Event | None = None  # marks the end of the last graphed burst on the GPU
-        self._staleness: list[int] = []
-        # Since the last stats(): sums of the labeled reward the learner trains on, of the env's own reward of the
-        # same transitions and of their absolute difference, and the count (how a learned reward tracks the env's).
-        self._reward_sums = np.zeros(4)
 
-    def set_runners(self, runners: list) -> None:
-        self.runners = list(runners)
-        self._publish_now()  # version 1 = the initial weights, so runners and learner start identical
+    # -- storing and updating ------------------------------------------------------------------------
+    def _take(self, meta: dict, chunk: dict) -> int:
+        size = meta["size"]
+        # Views, no copies: the storage converts to float32 as it copies (one pass, one device copy).
+        self.buffer.extend({"obs": chunk["obs"].reshape(size, -1), "action": chunk["action"].reshape(size, -1),
+                            "reward": chunk["reward"], "next_obs": chunk["next_obs"].reshape(size, -1),
+                            "terminated": chunk["terminated"]})
+        return self._required_updates(self.stored)
 
-    # -- called by labelers ------------------------------------------------------------------------
-    def store(self, labeled: list[tuple[dict, dict]]) -> None:
-        self.inbox.put(labeled)
+    def _required_updates(self, stored: int) -> int:
+        if stored < self.learning_starts:
+            return 0
+        return math.floor(self.utd_ratio * (stored - self.learning_starts + 1))
 
-    def quarantined(self, metas: list[dict]) -> None:
-        """Chunks a labeler could not label: never stored, but their credits go back to the runners."""
-        self.inbox.put([(meta, None) for meta in metas])
-
-    # -- the update loop -----------------------------------------------------------------------------
-    def run(self) -> dict:
-        with self._requests_lock:
-            self._looping = True
-        try:
-            while True:
-                self._timed("checkpoint", self._serve_requests)
-                stored = self._timed("store", self._drain_inbox)
-                owed = self._updates_owed()
-                burst = self._burst(owed)
-                if burst:
-                    self.update_burst(burst)
-                self._timed("publish", self._ack_paid)
-                if burst or stored:
-                    self.last_progress_at = time.time()
-                if not burst:
-                    if self._stop.is_set() and owed <= 0 and self.inbox.empty():
-                        break
-                    self._wait_for_data()
-        finally:
-            with self._requests_lock:
-                self._looping = False
-                left, self._requests = self._requests, []
-            for request in left:  # queued while the loop was ending: nothing runs concurrently any more
-                request.serve()
-        self.publisher.close()
-        return {"updates": self.updates, "stored": self.stored}
-
-    def stop(self) -> None:
-        """Finish the owed updates on what is stored, then return from run()."""
-        self._stop.set()
-
-    def _timed(self, stage: str, work: Callable, *args):
-        started = time.perf_counter()
-        with self._stage_lock:
-            self._in_stage = (stage, started)
-        try:
-            return work(*args)
-        finally:
-            ended = time.perf_counter()
-            with self._stage_lock:
-                self.stage_s[stage] += ended - started
-                self._in_stage = None
-
-    def _stage_times(self) -> dict[str, float]:
-        """Cumulative seconds per stage, the stage in progress counted up to now: a burst longer than the
-        driver's interval (a huge batch, a compile) shows as time updating, not as nothing at all."""
-        with self._stage_lock:
-            times = dict(self.stage_s)
-            if self._in_stage is not None:
-                stage, started = self._in_stage
-                times[stage] += time.perf_counter() - started
-        return times
+    def _updates_owed(self) -> int:
+        return self._required_updates(self.stored) - self.updates
 
     def _burst(self, owed: int) -> int:
-        """Updates to run now. Graphed, updates go in whole CUDA-graph groups: a partial group (a low update-to-
-        data ratio owes a few updates per chunk) would run eagerly, many times slower, so it waits for the
-        next chunk to complete the group, unless no data came in the last wait (or the run is stopping)."""
+        """Graphed, updates go in whole CUDA-graph groups: a partial group (a low update-to-data ratio owes a few
+        updates per chunk) would run eagerly, many times slower, so it waits for the next chunk to complete the
+        group, unless no data came in the last wait (or the run is stopping)."""
         if owed <= 0:
             return 0
         if not self.graphed:
@@ -186,84 +82,11 @@ class SACLearner:
 
     @property
     def max_burst(self) -> int:
-        """Updates between two looks at the inbox and the requests; graphed, whole CUDA-graph groups."""
+        """Graphed, whole CUDA-graph groups between two looks at the inbox."""
         if not self.graphed:
             return UPDATES_PER_BURST
         group = self.graphed.graph_updates
         return max(group, GRAPHED_BURST - GRAPHED_BURST % group)
-
-    def update_burst(self, n: int) -> None:
-        """n updates, then the weights published if due: the loop's work per burst (and what
-        `rlfarm bench learner` times as the role's speed)."""
-        before = self.updates
-        self._timed("update", self._update, n)
-        self._timed("publish", self._publish_if_due, before)
-
-    def _wait_for_data(self) -> None:
-        labeled = self._timed("idle", self._next_in_inbox)
-        if labeled is None:
-            self._quiet = True
-        elif labeled:  # an empty list only wakes the loop (a request is waiting)
-            self._timed("store", self._store, labeled)
-            self.last_progress_at = time.time()
-
-    def _next_in_inbox(self) -> list | None:
-        try:
-            return self.inbox.get(timeout=IDLE_WAIT_S)
-        except queue.Empty:
-            return None
-
-    def _drain_inbox(self) -> bool:
-        stored = False
-        while True:
-            try:
-                labeled = self.inbox.get_nowait()
-            except queue.Empty:
-                return stored
-            if labeled:
-                self._store(labeled)
-                stored = True
-
-    def _store(self, labeled: list[tuple[dict, dict]]) -> None:
-        self._quiet = False
-        for meta, chunk in labeled:
-            chunk_id = (meta["runner"], meta["seq"])
-            runner_incarnation = (meta["runner"], meta.get("incarnation", 0))
-            if chunk is None:  # quarantined by a labeler
-                if chunk_id not in self.quarantined_ids and chunk_id not in self.stored_ids:
-                    self.quarantined_ids.add(chunk_id)
-                    self.quarantined_transitions += meta["size"]
-                    self.settled_by_runner[runner_incarnation] += meta["size"]
-                self.unacked.append((*chunk_id, 0))
-                continue
-            if "labeled_by" in meta:
-                self.delivered_by_labeler[tuple(meta["labeled_by"])] += meta["size"]
-            if chunk_id in self.stored_ids:  # re-sent after a labeler restart: labeled twice, stored once
-                self.duplicates += 1
-                self.duplicate_transitions += meta["size"]
-                self.unacked.append((*chunk_id, 0))  # re-ack: the runner may still hold its credit
-                continue
-            self.stored_ids.add(chunk_id)
-            self.settled_by_runner[runner_incarnation] += meta["size"]
-            size = meta["size"]
-            # Views, no copies: the storage converts to float32 as it copies (one pass, one device copy).
-            self.buffer.extend({"obs": chunk["obs"].reshape(size, -1), "action": chunk["action"].reshape(size, -1),
-                                "reward": chunk["reward"], "next_obs": chunk["next_obs"].reshape(size, -1),
-                                "terminated": chunk["terminated"]})
-            self.stored += size
-            self._staleness.append(self.version - meta["policy_version"])
-            if "env_reward" in chunk:
-                reward, env_reward = chunk["reward"], chunk["env_reward"]
-                self._reward_sums += (reward.sum(), env_reward.sum(), np.abs(reward - env_reward).sum(), size)
-            self.unacked.append((*chunk_id, self._required_updates(self.stored)))
-
-    def _required_updates(self, stored: int) -> int:
-        if stored < self.learning_starts:
-            return 0
-        return math.floor(self.utd_ratio * (stored - self.learning_starts + 1))
-
-    def _updates_owed(self) -> int:
-        return self._required_updates(self.stored) - self.updates
 
     def _update(self, n: int) -> None:
         if self.graphed:  # K updates per CUDA-graph replay, sampling on the device (rlfarm/algos/sac_graph.py)
@@ -281,227 +104,19 @@ class SACLearner:
                 self._last_metrics = self.agent.update(self.buffer.sample())
                 self.updates += 1  # counted one by one: a slow burst still shows progress in stats()
 
-    def _publish_if_due(self, before: int) -> None:
-        """At most one publication per burst: the weights at its end, once `publish_every` updates have passed."""
-        if self.updates // self.publish_every > before // self.publish_every:
-            self.version += 1
-            self.publisher.offer(self.version)
-
-    def _ack_paid(self) -> None:
-        paid: dict[int, list[int]] = defaultdict(list)
-        while self.unacked and self.unacked[0][2] <= self.updates:
-            runner, seq, _ = self.unacked.popleft()
-            paid[runner].append(seq)
-        published = self.publisher.published
-        for runner, seqs in paid.items():
-            # The ack carries the newest weights this runner has not been handed yet (interface 1): weights
-            # travel with the acks, one call per runner per burst, not a fan-out to every runner per publication.
-            newer = published is not None and published[1] > self._handed.get(runner, 0)
-            if newer:
-                self._handed[runner] = published[1]
-            self.runners[runner].ack.remote(seqs, published if newer else None)
-
-    def _publish_now(self) -> None:
-        """Publish the current weights as the next version, here and now, and send them to every runner."""
-        self.version += 1
-        self.publisher.publish_now(self.version)
-        self.push_weights()
-
-    def push_weights(self) -> None:
-        """Send the newest published weights to every runner (again): a restarted runner starts with none."""
-        published = self.publisher.published
-        for index, runner in enumerate(self.runners):
-            self._handed[index] = published[1]
-            runner.set_weights.remote(published)
-
-    # -- reporting / persistence ---------------------------------------------------------------------
-    def stats(self) -> dict:
-        metrics = {k: float(v) for k, v in self._last_metrics.items()}
-        staleness, self._staleness = self._staleness, []
-        (labeled, env, gap, count), self._reward_sums = self._reward_sums, np.zeros(4)
-        rewards = {"labeled_reward_mean": labeled / count, "env_reward_mean": env / count,
-                   "reward_gap_mean": gap / count} if count else {}
-        return {"pid": os.getpid(), "stored": self.stored, "updates": self.updates, "duplicates": self.duplicates,
-                "duplicate_transitions": self.duplicate_transitions,
-                "settled_by_runner": dict(self.settled_by_runner),
-                "delivered_by_labeler": dict(self.delivered_by_labeler),
-                "quarantined": self.quarantined_transitions,
-                "buffer_size": len(self.buffer), "policy_version": self.version,
-                "update_time_s": self.stage_s["update"], "stage_s": self._stage_times(),
-                "last_progress_at": self.last_progress_at, "owed": max(self._updates_owed(), 0),
-                "policy_staleness": float(np.mean(staleness)) if staleness else 0.0, "device": self.device, **rewards, **metrics}
-
-    def save(self, path: str, with_buffer: bool = True, extra: dict | None = None) -> str:
-        """Atomic checkpoint (write a temp file, then rename): networks, optimizers, entropy temperature,
-        counters, stored chunk ids, RNG states, the replay buffer (optional) and the driver's `extra` state.
-
-        The snapshot (copies in memory) is taken by the update loop at its next burst boundary, so it is one
-        consistent moment; the file is written here, off the loop. A loop stuck inside one burst for longer than
-        SAVE_SNAPSHOT_WAIT_S (e.g. compiling) does not hold the checkpoint back: the snapshot is then taken from
-        this thread, mid-update, and says so (state["mid_update"])."""
-        state = self._at_burst_boundary(lambda: self._snapshot(with_buffer), SAVE_SNAPSHOT_WAIT_S,
-                                        late=lambda: {**self._snapshot(with_buffer), "mid_update": True})
-        state["extra"] = dict(extra or {})
-        return save_atomic(state, path)
-
-    def _snapshot(self, with_buffer: bool) -> dict:
-        state = {"agent": cpu_copy(self.agent.state_dict()), "stored": self.stored, "updates": self.updates,
-                 "version": self.version, "duplicates": self.duplicates,
-                 "quarantined": self.quarantined_transitions,
-                 "stored_ids": [list(i) for i in sorted(self.stored_ids)],
-                 "torch_rng": torch.get_rng_state()}
+    # -- checkpoints and stats -----------------------------------------------------------------------
+    def _agent_snapshot(self, with_buffer: bool) -> dict:
+        state = {"agent": cpu_copy(self.agent.state_dict())}
         if with_buffer:
             state["buffer"] = self.buffer.state_dict()  # copies of the filled rows
         return state
 
-    def load(self, path: str) -> dict:
-        """Restore a checkpoint written by `save` (weights_only: no code runs from the file). Returns `extra`.
-        The file is read here; the state is restored by the update loop between two bursts."""
-        state = torch.load(path, map_location=self.device, weights_only=True)
-        self._at_burst_boundary(lambda: self._restore(state))
-        return state["extra"]
-
-    def _restore(self, state: dict) -> None:
+    def _agent_restore(self, state: dict) -> None:
         self.agent.load_state_dict(state["agent"])
         if self.graphed:  # the optimizers' state tensors are new: a captured graph would update the old ones
             self.graphed.reset()
-        self.stored, self.updates, self.version = int(state["stored"]), int(state["updates"]), int(state["version"])
-        self.duplicates, self.quarantined_transitions = int(state["duplicates"]), int(state["quarantined"])
-        self.stored_ids = {tuple(i) for i in state["stored_ids"]}
-        torch.set_rng_state(state["torch_rng"].cpu())
         if "buffer" in state:
             self.buffer.load_state_dict(state["buffer"])
-        self._publish_now()  # runners act with the restored policy from their first chunk
 
-    def _at_burst_boundary(self, work: Callable, wait_s: float | None = None, late: Callable | None = None):
-        """work() run by the update loop between two bursts (by this thread when the loop is not running);
-        with `late`, late() is run here instead if the loop has not started `work` within `wait_s`."""
-        request = LoopRequest(work)
-        with self._requests_lock:
-            if not self._looping:  # nothing else touches the state: serve it here (run() waits for the lock)
-                request.serve()
-                return request.result()
-            self._requests.append(request)
-        self.inbox.put([])  # wakes a loop that is waiting for data
-        if not request.wait(wait_s) and late is not None and request.withdraw():
-            log.warning("the SAC learner's update loop has been inside one burst for over %.0f s: "
-                        "checkpointing mid-update", wait_s)
-            return late()
-        request.wait(None)
-        return request.result()
-
-    def _serve_requests(self) -> None:
-        with self._requests_lock:
-            requests, self._requests = self._requests, []
-        for request in requests:
-            request.serve()
-
-
-class LoopRequest:
-    """Work for the update loop, run once by whoever takes it first: the loop, or the caller withdrawing it."""
-
-    def __init__(self, work: Callable):
-        self._work, self._done, self._lock = work, threading.Event(), threading.Lock()
-        self._taken, self._value, self._error = False, None, None
-
-    def withdraw(self) -> bool:
-        """Take it back before the loop started it (True), or find it started (False: wait for it)."""
-        with self._lock:
-            taken, self._taken = self._taken, True
-        return not taken
-
-    def serve(self) -> None:
-        if not self.withdraw():
-            return
-        try:
-            self._value = self._work()
-        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
-            self._error = error
-        finally:
-            self._done.set()
-
-    def wait(self, timeout: float | None) -> bool:
-        return self._done.wait(timeout)
-
-    def result(self):
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
-class WeightPublisher:
-    """The actor's weights to the object store without stalling the update stream.
-
-    Why this shape: a plain `.cpu()` of a CUDA tensor waits for every queued update to finish, so publishing
-    every few updates emptied the GPU's queue each time and the learner ran at a fraction of its bench speed.
-    Here the update thread only queues copies into pinned host buffers behind the updates (same stream, so
-    they see the weights as of that point) and records an event; a publishing thread waits for the event and
-    does the `ray.put`. One offer waits at most: a newer offer replaces one not yet taken, so a slow object
-    store makes publications rarer, never the updates slower. On CPU the copy is a memcpy and there is no
-    event; the put is still off the update thread."""
-
-    def __init__(self, agent):
-        self.agent = agent
-        self.published: Publication | None = None
-        self._pending: tuple[int, int, dict, torch.cuda.Event | None] | None = None  # (generation, version, ...)
-        self._generation = 0  # publish_now() starts a new one: offers made before it are dropped
-        self._cond = threading.Condition()
-        self._closed = False
-        self._thread: threading.Thread | None = None
-
-    def offer(self, version: int) -> None:
-        """On the update thread: start copying the weights off the device as `version`; published soon."""
-        state = self.agent.actor.state_dict()
-        on_cuda = self.agent.device.type == "cuda"
-        copies = {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=on_cuda).copy_(t.detach(), non_blocking=True)
-                  for name, t in state.items()}
-        event = None
-        if on_cuda:
-            event = torch.cuda.Event()
-            event.record()
-        with self._cond:
-            self._pending = (self._generation, version, copies, event)
-            self._cond.notify()
-            if self._thread is None or self._closed:  # first offer, or one after close() (run() again)
-                self._closed = False
-                self._thread = threading.Thread(target=self._publish_offers, name="weight-publisher", daemon=True)
-                self._thread.start()
-
-    def publish_now(self, version: int) -> None:
-        """Publish the current weights as `version` before returning (start, load); drops unfinished offers."""
-        state = self.agent.policy_state()
-        with self._cond:
-            self._generation += 1
-            self._pending = None
-            self.published = publication(state, version)
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-
-    def _publish_offers(self) -> None:
-        while True:
-            with self._cond:
-                while self._pending is None and not self._closed:
-                    self._cond.wait()
-                if self._pending is None:
-                    return
-                (generation, version, copies, event), self._pending = self._pending, None
-            if event is not None:
-                event.synchronize()
-            put = publication(copies, version)
-            with self._cond:  # not one made before publish_now(), nor one older than what is out already
-                if generation == self._generation and (self.published is None or version > self.published[1]):
-                    self.published = put
-
-
-def cpu_copy(tree):
-    """Every tensor in nested dicts/lists copied to CPU memory (a snapshot that later updates do not change)."""
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().to("cpu", copy=True)
-    if isinstance(tree, dict):
-        return {key: cpu_copy(value) for key, value in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(cpu_copy(value) for value in tree)
-    return tree
+    def _algo_stats(self) -> dict:
+        return {"buffer_size": len(self.buffer)}

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from helpers import read_summary, train
 from rlfarm.config import compose
-from rlfarm.roles import sac_learner
+from rlfarm.roles import chunk_learner
 from rlfarm.roles.sac_learner import UPDATES_PER_BURST, SACLearner, WeightPublisher
 
 OBS, ACT, CHUNK = 5, 2, 32
@@ -162,7 +162,7 @@ def test_save_is_answered_at_the_next_burst_boundary_while_updates_are_owed(tmp_
 def test_a_loop_stuck_inside_a_burst_is_checkpointed_mid_update(tmp_path, monkeypatch):
     """A burst far longer than the snapshot wait (here: huge batches; on a GPU, compiling): the save does not
     wait for it, and the checkpoint says it was taken mid-update."""
-    monkeypatch.setattr(sac_learner, "SAVE_SNAPSHOT_WAIT_S", 0.1)
+    monkeypatch.setattr(chunk_learner, "SAVE_SNAPSHOT_WAIT_S", 0.1)
     learner, _ = make_learner("algo.batch_size=65536", "algo.utd_ratio=0.25")
     for seq in range(3):  # 96 transitions, 64 before learning starts: floor(0.25 * 33) = 8 updates, one burst
         learner.store([chunk(seq)])
