@@ -173,7 +173,9 @@ def validate(cfg: DictConfig) -> None:
     check_schema_ranges(cfg)
     check_paths(cfg)
     if cfg.algo.family == "offpolicy":
-        check_env_id(str(cfg.env.id))
+        check_env_id(str(cfg.env.id), cfg.env.get("kwargs"))
+    if "batch_chunks" in cfg.algo:
+        check_actor_learner(cfg)
     if cfg.algo.family == "onpolicy_env":
         check_ppo(cfg)
     if cfg.algo.family == "onpolicy":
@@ -205,13 +207,28 @@ def check_fitted_reward(cfg: DictConfig) -> None:
 ENV_REWARD = "rlfarm.rewards.env.EnvReward"
 
 
+def check_actor_learner(cfg: DictConfig) -> None:
+    """IMPALA / APPO: one actor-critic network, and batches the runners' credits can fill (a chunk's credit returns
+    only once a batch took it: fewer chunks in flight than a batch would wait forever)."""
+    if OmegaConf.select(cfg, "model.actor._target_", default=None) is None or "critic" in cfg.model:
+        raise ConfigError(f"algo={cfg.algo.name} needs one actor-critic network in model.actor, not "
+                          f"{'a language model' if 'actor' not in cfg.model else 'an actor with separate critics'}",
+                          "use model=actor_critic (or model=cnn_actor_critic for image observations)")
+    runners = int(OmegaConf.select(cfg, "topology.roles.env_runner.count", default=1))
+    in_flight = runners * int(cfg.algo.credits)
+    if int(cfg.algo.batch_chunks) > in_flight:
+        raise ConfigError(f"algo.batch_chunks={cfg.algo.batch_chunks} is more than the {in_flight} chunks the runners "
+                          f"can have in flight ({runners} env runners × algo.credits={cfg.algo.credits})",
+                          f"set algo.batch_chunks <= {in_flight}, or raise algo.credits")
+
+
 def check_ppo(cfg: DictConfig) -> None:
     """PPO on gymnasium envs: a registered env, minibatches its rollouts can fill, and the two choices it cannot
     take from another family (a reward model, separate critics)."""
     if OmegaConf.select(cfg, "env.task", default=None) is not None:
         raise ConfigError(f"algo={cfg.algo.name} runs on gymnasium envs, but env.id={cfg.env.id} is a text task",
                           "pick env=cartpole|pendulum|halfcheetah, or algo=grpo for text tasks")
-    check_env_id(str(cfg.env.id))
+    check_env_id(str(cfg.env.id), cfg.env.get("kwargs"))
     batch = int(cfg.algo.rollout_steps) * int(cfg.env.num_envs)
     if int(cfg.algo.minibatches) > batch:
         raise ConfigError(f"algo.minibatches={cfg.algo.minibatches} is more than the {batch} transitions a runner "
@@ -307,10 +324,22 @@ def check_prompt_file(env: DictConfig) -> None:
                           "give a .jsonl (one JSON record a line) or .parquet file of question/answer records") from None
 
 
-def check_env_id(env_id: str) -> None:
+def check_env_id(env_id: str, kwargs: DictConfig | None = None) -> None:
+    """A registered gymnasium id, or "module:Id" whose module registers it (imported here, as gymnasium would)."""
     import gymnasium as gym
 
-    if env_id in gym.registry:
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ConfigError(f"env.id={env_id}: cannot import {module} ({error})",
+                              "fix the module part of env.id (module:Id)") from None
+    if name in gym.registry:
+        if name == "RlfarmAtari-v0":
+            from rlfarm.envs.atari import check_game
+
+            check_game(str((kwargs or {}).get("game", "Pong")))
         return
     close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
     hint = f"did you mean {' or '.join(close)}? " if close else ""

@@ -84,6 +84,35 @@ class SACSchema(AlgoSchema):
     agent: Any  # a _target_ node: rlfarm.algos.sac.SACAgent's arguments
 
 
+class VTraceLoss(Choice):
+    """IMPALA's policy gradient or APPO's clipped surrogate, on V-trace's advantages (rlfarm/algos/vtrace.py)"""
+    impala = "impala"
+    appo = "appo"
+
+
+@dataclass
+class ActorLearnerSchema(AlgoSchema):
+    """IMPALA and APPO (conf/algo/impala.yaml, appo.yaml): the farm's data path, V-trace at the learner."""
+    loss: VTraceLoss
+    chunk_steps: int
+    batch_chunks: int
+    credits: int
+    max_policy_lag: int
+    publish_every: int
+    lr: float
+    gamma: float
+    rho_bar: float
+    c_bar: float
+    lam: float
+    clip_eps: float
+    vf_coef: float
+    ent_coef: float
+    max_grad_norm: float
+    epochs: int
+    bf16: bool
+    target_return: Optional[float]
+
+
 @dataclass
 class PPOSchema(AlgoSchema):
     rollout_steps: int
@@ -288,7 +317,7 @@ FREE_FORM_KEYS = ("env.kwargs",  # the env's constructor arguments (ManiSkill, S
                   "logger.wandb")  # wandb.init's keyword arguments
 
 
-ALGO_SCHEMAS = {"sac": SACSchema, "ppo": PPOSchema, "grpo": GRPOSchema, "ppo_lm": PPOLMSchema,
+ALGO_SCHEMAS = {"sac": SACSchema, "impala": ActorLearnerSchema, "appo": ActorLearnerSchema, "ppo": PPOSchema, "grpo": GRPOSchema, "ppo_lm": PPOLMSchema,
                 "grpo_vla": GRPOVLASchema}
 
 

@@ -97,10 +97,10 @@ class StepResult:
 class StepBuffers:
     """Preallocated arrays for `steps` vector steps of N sub-envs, written in place by VectorEnv.step_into.
 
-    obs: [steps + 1, N, *obs_shape] float32: obs[t] is acted on at step t; step t writes obs[t + 1] (the reset
+    obs: [steps + 1, N, *obs_shape] float32 (uint8 for image observations): obs[t] is acted on at step t; step t writes obs[t + 1] (the reset
         obs where an episode ended), so obs[steps] is where the next chunk starts.
     action: [steps, N, *action_shape] (the action space's dtype), filled by the caller before step t.
-    next_obs: [steps, N, *obs_shape] float32, the true next observation (final obs at episode end).
+    next_obs: [steps, N, *obs_shape] like obs, the true next observation (final obs at episode end).
     env_reward: [steps, N] float32. terminated, truncated: [steps, N] bool.
     frames: [steps, N, H, W, 3 * frame_stack] uint8 render of next_obs's state (after the frame_stack - 1 renders
         before it, oldest first), or None when the env renders no frames.
@@ -472,10 +472,12 @@ def _buffer_specs(steps: int, n: int, obs_space: gym.Space, action_space: gym.Sp
                   frame_size: int | None, frame_stack: int = 1) -> dict[str, tuple[tuple[int, ...], str]]:
     """StepBuffers' arrays: name → (shape, dtype)."""
     obs_shape, action_shape = tuple(obs_space.shape), tuple(action_space.shape)
+    # Images stay uint8 (an Atari step is 28 KB, not 113 KB, in every chunk); the networks scale them.
+    obs_dtype = "uint8" if np.dtype(obs_space.dtype) == np.uint8 else "float32"
     specs = {
-        "obs": ((steps + 1, n, *obs_shape), "float32"),
+        "obs": ((steps + 1, n, *obs_shape), obs_dtype),
         "action": ((steps, n, *action_shape), np.dtype(action_space.dtype).str),
-        "next_obs": ((steps, n, *obs_shape), "float32"),
+        "next_obs": ((steps, n, *obs_shape), obs_dtype),
         "env_reward": ((steps, n), "float32"),
         "terminated": ((steps, n), "bool"),
         "truncated": ((steps, n), "bool"),

@@ -39,6 +39,11 @@ LAST_SAVE_S = 8.0        # ... and final.pt gets the rest, at least this: the ru
 PREEMPT_SAVE_S = 15.0    # SIGTERM → preempted.pt within this (Slurm kills the job ~30 s after its signal)
 CHECKPOINT_IO_S = 120.0  # final.pt at a normal end, a resume's load: a big replay buffer takes a while to move
 STALLED_FLUSHES = 2      # the tail's flush gives up after this many role_timeout_s without anything settled
+# What a metrics row takes of the learner's own numbers: SAC's losses; an actor-learner's losses, V-trace's mean ρ
+# and the policy lag of the chunks its batches took (weight versions), with what the lag bound dropped.
+LEARNER_METRICS = ("critic_loss", "actor_loss", "alpha", "entropy", "policy_loss", "value_loss", "clip_fraction",
+                   "rho_mean", "grad_norm", "policy_lag_mean", "policy_lag_max", "chunks_dropped_lag",
+                   "transitions_dropped_lag")
 
 
 class OffPolicyLoop(PeriodicCheckpoints):
@@ -54,6 +59,8 @@ class OffPolicyLoop(PeriodicCheckpoints):
         # What the learner had settled before this epoch: the runners' and labelers' own counts start at zero.
         self.offset = {"env_steps": 0, "produced": 0, "labeled": 0}
         self.stages = StageShares()
+        self.target = cfg.algo.get("target_return")  # the runners stop once the return window reaches it
+        self._reached_target = False
         self._previous: dict | None = None
         self._end_by: float | None = None  # run.max_wall_s reached: when the wind-down must be over
         self._recovering = True            # dead or stuck workers are restarted (not while the run ends)
@@ -152,6 +159,7 @@ class OffPolicyLoop(PeriodicCheckpoints):
         ray.wait(self._runs("env_runner"), num_returns=len(self.roles.runners), timeout=self.cfg.run.metrics_interval_s)
         self._watch()
         self._check_clock()
+        self._check_target()
         _, running = ray.wait(self._runs("env_runner"), num_returns=len(self.roles.runners), timeout=0)
         if running and self._wind_down_past(1 / 3):
             names = ", ".join(w.name for w in self.supervisor.of("env_runner") if w.done in set(running))
@@ -163,6 +171,18 @@ class OffPolicyLoop(PeriodicCheckpoints):
     def _check_clock(self) -> None:
         if self._end_by is None and self._out_of_time():
             self._stop_acting()
+
+    def _check_target(self) -> None:
+        """algo.target_return reached: the runners stop after their current chunk; that tail is labeled and learned
+        from as at any normal end."""
+        mean = self.progress.window_mean()
+        if self.target is None or self._reached_target or mean is None or mean < self.target:
+            return
+        self._reached_target = True
+        log.info("the mean return of the last %d episodes reached algo.target_return=%g (%.1f): stopping the env "
+                 "runners", RETURN_WINDOW, self.target, mean)
+        for runner in self.roles.runners:
+            runner.stop.remote()
 
     def _stop_acting(self) -> None:
         """Time budget spent: runners stop after their current chunk; the tail is labeled and stored as far as the
@@ -413,7 +433,7 @@ class OffPolicyLoop(PeriodicCheckpoints):
         rate = lambda key: max(counters[key] - prev[key], 0) / dt  # noqa: E731
         total = int(self.cfg.total_env_steps)
         lags = [l["labeling_lag_s"] for l in labelers if l.get("labeling_lag_s", 0) > 0]
-        losses = {k: learner[k] for k in ("critic_loss", "actor_loss", "alpha", "entropy") if k in learner}
+        losses = {k: learner[k] for k in LEARNER_METRICS if k in learner}
         # per stored transition over the interval: the reward trained on beside the env's own (a learned reward's gap)
         rewards = {k: learner.get(k) for k in ("labeled_reward_mean", "env_reward_mean", "reward_gap_mean")}
         return {
@@ -450,7 +470,9 @@ class OffPolicyLoop(PeriodicCheckpoints):
                 "transitions_quarantined", "transitions_relabeled", "reward_retries", "reward_last_error", "updates",
                 "episodes", "episode_return_mean", "duplicates", "policy_version", "worker_restarts")
         unlabeled = row["transitions_produced"] - row["transitions_labeled"] - row["transitions_quarantined"]
-        return {k: row[k] for k in keys} | {"transitions_unlabeled": max(unlabeled, 0),
+        target = {} if self.target is None else {"target_return": self.target, "reached_target": self._reached_target}
+        dropped = {k: row[k] for k in ("transitions_dropped_lag",) if k in row}
+        return {k: row[k] for k in keys} | target | dropped | {"transitions_unlabeled": max(unlabeled, 0),
                                              "wall_s": round(self.progress.wall_s, 2), "restarts": self.progress["epoch"],
                                              "startup_s": startup_s(self._first_step_at),
                                              "recoveries": self.supervisor.recoveries}

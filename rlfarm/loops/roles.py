@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.loops.supervision import RoleUnresponsive
 from rlfarm.roles.env_runner import EnvRunner, env_spaces
+from rlfarm.roles.actor_learner import ActorLearner
 from rlfarm.roles.labeler import Labeler
 from rlfarm.roles.sac_learner import SACLearner
 from rlfarm.topology import PlacedTopology
@@ -19,6 +20,8 @@ log = logging.getLogger("rlfarm")
 # Threaded actors: the long-running loop takes one thread, calls from peers (submit, ack, stats) the others.
 CONCURRENCY = 8
 FLIGHT_PER_BUS = 4  # transitions in flight per transition of the labelers' buses that keeps a frame farm busy
+# algo.name → the learner role fed by the farm: SAC's replay, or the actor-learners' V-trace on stale trajectories
+LEARNERS = {"sac": SACLearner, "impala": ActorLearner, "appo": ActorLearner}
 
 
 @dataclass
@@ -69,14 +72,16 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
         warn_if_the_farm_would_starve(cfg, len(plan.of("env_runner")), len(plan.of("labeler")))
     spaces = env_spaces(as_dict(cfg.env))  # before any actor: a bad env fails here, in one line
     (learner_place,) = plan.of("learner")  # started first: it takes longest to build
-    learner = ray.remote(SACLearner).options(**placed.options(learner_place), max_concurrency=CONCURRENCY).remote(
+    learner_class = LEARNERS[str(algo.name)]
+    learner = ray.remote(learner_class).options(**placed.options(learner_place), max_concurrency=CONCURRENCY).remote(
         as_dict(algo), as_dict(cfg.model), spaces, int(cfg.seed), learner_place.threads)
     runner_places = plan.of("env_runner")
-    random_steps = -(-int(algo.learning_starts) // len(runner_places))
+    random_steps = -(-int(algo.get("learning_starts", 0)) // len(runner_places))
+    behaviour = learner_class is ActorLearner  # V-trace needs log μ(a|s) of every action
     runners = [
         ray.remote(EnvRunner).options(**placed.options(p), max_concurrency=CONCURRENCY, **restartable).remote(
             p.index, as_dict(cfg.env), as_dict(cfg.model.actor), needs, frame_size, int(cfg.seed),
-            int(algo.chunk_steps), int(algo.credits), random_steps, p.threads, frame_stack)
+            int(algo.chunk_steps), int(algo.credits), random_steps, p.threads, frame_stack, behaviour)
         for p in runner_places]
     labelers = [
         ray.remote(Labeler).options(**placed.options(p), max_concurrency=CONCURRENCY, **restartable).remote(

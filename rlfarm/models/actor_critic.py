@@ -54,9 +54,16 @@ class ActorCritic(nn.Module):
             self.register_buffer("action_low", torch.tensor(np.asarray(action_low), dtype=torch.float32))
             self.register_buffer("action_high", torch.tensor(np.asarray(action_high), dtype=torch.float32))
 
+    def policy_out(self, obs: torch.Tensor) -> torch.Tensor:
+        """obs [B, obs_dim] → the policy head's output [B, act_dim]: logits (discrete) or the Gaussian's mean."""
+        return self.actor(obs)
+
     def distribution(self, obs: torch.Tensor) -> Distribution:
         """obs [B, obs_dim] → π(·|s) over B states (actions [B] for discrete, [B, act_dim] for boxes)."""
-        out = self.actor(obs)
+        return self.distribution_of(self.policy_out(obs))
+
+    def distribution_of(self, out: torch.Tensor) -> Distribution:
+        """π(·|s) from the policy head's output."""
         if self.discrete:
             return Categorical(logits=out, validate_args=False)  # the checks cost more than the MLP here
         return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
@@ -94,5 +101,5 @@ class ActorCritic(nn.Module):
         """Env actions for obs [B, obs_dim]: the mode (argmax / mean) when deterministic, else a sample."""
         if not deterministic:
             return self.to_env(self.distribution(obs).sample())
-        out = self.actor(obs)
+        out = self.policy_out(obs)
         return out.argmax(-1) if self.discrete else self.to_env(out)

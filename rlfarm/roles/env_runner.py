@@ -28,6 +28,7 @@ import ray
 import torch
 from hydra.utils import instantiate
 
+from rlfarm.envs.spaces import policy_dims
 from rlfarm.envs.vector import RECORDED, StepBuffers, VectorEnv, make_env
 from rlfarm.roles.common import limit_threads, seed_everything
 from rlfarm.roles.versioned_weights import HeldWeights, Publication
@@ -44,18 +45,13 @@ def spread_rendering(index: int, render_gpus: list[int] | None = None) -> None:
         os.environ["MUJOCO_EGL_DEVICE_ID"] = str(gpus[index % len(gpus)])
 
 
-def box_spaces(observation_space, action_space) -> dict:
-    """What the policy and the learner's networks are built from: flat sizes and the action bounds."""
-    return {"obs_dim": int(np.prod(observation_space.shape)), "act_dim": int(np.prod(action_space.shape)),
-            "action_low": action_space.low.astype(np.float32), "action_high": action_space.high.astype(np.float32)}
-
-
 def env_spaces(env_cfg: dict) -> dict:
-    """The runners' spaces, read by the driver from one env of its own (no frames): the learner can then start
+    """The runners' spaces (`policy_dims`: flat sizes and the action bounds, None for a Discrete action space), read
+    by the driver from one env of its own (no frames): the learner can then start
     beside the runners instead of after the first one is up (that wait was ~3 s of a 2-core machine's start-up)."""
     env = make_env(env_cfg["id"], None, dict(env_cfg.get("kwargs") or {}))
     try:
-        return box_spaces(env.observation_space, env.action_space)
+        return policy_dims(env.observation_space, env.action_space)
     finally:
         env.close()
 
@@ -101,7 +97,11 @@ class StageClock:
 
 class EnvRunner:
     def __init__(self, index: int, env_cfg: dict, actor_cfg: dict, needs: list[str], frame_size: int | None,
-                 seed: int, chunk_steps: int, credits: int, random_steps: int, threads: int = 1, frame_stack: int = 1):
+                 seed: int, chunk_steps: int, credits: int, random_steps: int, threads: int = 1, frame_stack: int = 1,
+                 behaviour: bool = False):
+        """behaviour: record log μ(a|s) of every action taken (an actor-learner's V-trace needs them); the policy is
+        then an actor-critic (`sample`, `to_env`), and a Box action's raw sample travels too (`sampled_action`: the
+        env gets it clipped into the box, log μ is of the raw sample)."""
         limit_threads(threads)
         seed_everything(seed + 7919 * index)
         spread_rendering(index, env_cfg.get("render_gpus"))
@@ -117,11 +117,12 @@ class EnvRunner:
             raise ValueError(f"the reward model needs {missing}, which a runner does not record "
                              f"(it records {', '.join(RECORDED)}; frames need a frame_size)")
         self._carry_row: int | None = None  # the row of buffers.obs the next chunk starts from (None: reset first)
-        self._spaces = box_spaces(self.env.single_observation_space, self.env.single_action_space)
+        self._spaces = policy_dims(self.env.single_observation_space, self.env.single_action_space)
         self.obs_dim, self.act_dim = self._spaces["obs_dim"], self._spaces["act_dim"]
         self.action_low, self.action_high = self._spaces["action_low"], self._spaces["action_high"]
         self.policy = instantiate(actor_cfg)(self.obs_dim, self.act_dim, self.action_low, self.action_high).eval()
         self.rng = np.random.default_rng(seed + 7919 * index)
+        self.behaviour = self._behaviour_arrays(chunk_steps) if behaviour else {}
         self.credits = threading.Semaphore(credits)
         # seq → (meta, chunk ref, labeler index), until the learner acks it: this runner owns the chunk, so it
         # survives a labeler's death and can be sent again.
@@ -181,18 +182,34 @@ class EnvRunner:
         """Lower this runner's step budget mid-run (its predecessor's last chunks turned up late)."""
         self.max_env_steps = min(max_env_steps, self.max_env_steps)
 
+    def _behaviour_arrays(self, steps: int) -> dict[str, np.ndarray]:
+        arrays = {"logprob": np.zeros((steps, self.env.num_envs), np.float32)}
+        if self.action_low is not None:  # a Box
+            arrays["sampled_action"] = np.zeros((steps, self.env.num_envs, self.act_dim), np.float32)
+        return arrays
+
     # -- acting ------------------------------------------------------------------------------------
     def _refresh_policy(self) -> None:
         with self._lock:
             pending, self._pending_weights = self._pending_weights, None
         self.weights.load_newer(pending, self.policy.load_state_dict)
 
-    def _act(self, obs: np.ndarray) -> np.ndarray:
+    def _act(self, obs: np.ndarray, t: int) -> np.ndarray:
+        if self.behaviour:
+            return self._act_recording(obs, t)
         if self.env_steps < self.random_steps:
             return self.rng.uniform(self.action_low, self.action_high, size=(obs.shape[0], self.act_dim)).astype(np.float32)
         with torch.no_grad():
             action = self.policy.act(torch.as_tensor(obs, dtype=torch.float32).reshape(obs.shape[0], -1))
         return action.numpy()
+
+    def _act_recording(self, obs: np.ndarray, t: int) -> np.ndarray:
+        with torch.no_grad():
+            action, logprob, _ = self.policy.sample(torch.as_tensor(obs, dtype=torch.float32).reshape(obs.shape[0], -1))
+        self.behaviour["logprob"][t] = logprob.numpy()
+        if "sampled_action" in self.behaviour:
+            self.behaviour["sampled_action"][t] = action.reshape(obs.shape[0], -1).numpy()
+        return self.policy.to_env(action).numpy()
 
     def collect(self, steps: int) -> dict[str, np.ndarray]:
         """Load the newest weights handed over, then act `steps` (≤ chunk_steps) vector steps from where the last
@@ -209,11 +226,12 @@ class EnvRunner:
             rows.obs[0] = rows.obs[self._carry_row]
         for t in range(steps):
             with self.stages.timing("act"):
-                rows.action[t] = self._act(rows.obs[t]).reshape(rows.action[t].shape)
+                rows.action[t] = self._act(rows.obs[t], t).reshape(rows.action[t].shape)
             self._step(rows, t)
         self._carry_row = steps
         # [steps, envs, ...] → [steps * envs, ...] (a view): the labelers and the buffer see flat transitions.
-        return {key: flat(getattr(rows, key)[:steps]) for key in (*CHUNK_FIELDS, *self.needs)}
+        chunk = {key: flat(getattr(rows, key)[:steps]) for key in (*CHUNK_FIELDS, *self.needs)}
+        return chunk | {key: flat(array[:steps]) for key, array in self.behaviour.items()}
 
     def _step(self, rows: StepBuffers, t: int) -> None:
         """One vector step into row t; its time goes to "render" (the frames) and "step" (the rest)."""
@@ -260,7 +278,7 @@ class EnvRunner:
 
     def _send(self, chunk: dict, seq: int, incarnation: int) -> None:
         meta = {"runner": self.index, "seq": seq, "incarnation": incarnation, "produced_at": time.time(),
-                "policy_version": self.weights.version, "size": len(chunk["obs"])}
+                "policy_version": self.weights.version, "size": len(chunk["obs"]), "envs": self.env.num_envs}
         ref = ray.put(chunk)  # copies the chunk out of the step buffers: the next collect() may overwrite them
         labeler = seq % len(self.labelers)
         with self._lock:
@@ -284,8 +302,9 @@ class EnvRunner:
                 "in_flight": len(self.in_flight)}
 
 
-# What every chunk carries; a reward model's needs (frames) come on top. The env's own reward travels along
-# whatever the reward model (4 bytes a transition): the learner logs it beside the labeled reward it trains on.
+# What every chunk carries; a reward model's needs (frames) and an actor-learner's behaviour log-probs come on top.
+# The env's own reward travels along whatever the reward model (4 bytes a transition): the learner logs it beside
+# the labeled reward it trains on. `truncated` lets a learner bootstrap through time limits (V-trace does).
 CHUNK_FIELDS = ("obs", "action", "next_obs", "env_reward", "terminated", "truncated")
 
 

@@ -28,8 +28,9 @@ from rlfarm.roles.common import assigned_device, limit_threads
 
 WARMUP_CALLS = 8  # model calls that may take as long as a model load: a compiled model compiles again per new
                   # shape class (static, then dynamic batch sizes), and under CPU load each can take over a minute
-# What the learner gets of a chunk (it stores all but env_reward, which it only logs); frames stay behind.
-LEARNER_FIELDS = ("obs", "action", "next_obs", "env_reward", "terminated")
+# What the learner gets of a chunk (SAC stores obs, action, next_obs, terminated and logs env_reward; an actor-learner
+# also reads truncated and the behaviour log-probs, with a Box action's raw sample); frames stay behind.
+LEARNER_FIELDS = ("obs", "action", "next_obs", "env_reward", "terminated", "truncated", "logprob", "sampled_action")
 
 
 class Labeler:

@@ -179,6 +179,18 @@ CASES = [
                  id="ppo-more-minibatches-than-samples"),
     pytest.param(["train", "algo=ppo", "algo.target_return=high"], "algo.target_return must be a number or null",
                  id="ppo-target-a-word"),
+    # IMPALA / APPO (the farm's data path, V-trace at the learner)
+    pytest.param(["train", "algo=impala", "env=cartpole", "algo.batch_chunks=5"],
+                 "algo.batch_chunks=5 is more than the 2 chunks the runners can have in flight",
+                 id="impala-batch-the-credits-cannot-fill"),
+    pytest.param(["train", "algo=appo", "env=cartpole", "model=mlp"], "algo=appo needs one actor-critic network",
+                 id="appo-with-sac-networks"),
+    pytest.param(["train", "algo=impala", "algo.loss=vtrace"], "algo.loss must be one of impala|appo",
+                 id="impala-unknown-loss"),
+    pytest.param(["train", "algo=appo", "env=atari", "model=cnn_actor_critic", "env.kwargs.game=Pongg"],
+                 "unknown Atari game 'Pongg' (closest: Pong", id="atari-unknown-game"),
+    pytest.param(["train", "algo=appo", "env.id=rlfarm.nope:Thing-v0"], "env.id=rlfarm.nope:Thing-v0: cannot import",
+                 id="env-id-module-missing"),
     # GRPO on text (the onpolicy family)
     pytest.param(["train", "experiment=grpo_digits", "reward.verifier=exactmatch"], "unknown reward.verifier 'exactmatch'",
                  id="grpo-unknown-verifier"),

@@ -1,0 +1,147 @@
+"""The actor-learner agent (IMPALA, APPO): one actor-critic network, its optimizer, and the update that turns a
+batch of stale trajectories into one gradient step with V-trace (rlfarm/algos/vtrace.py) correcting for the lag.
+
+    chunks (from many runners, flat [T·N] as they travel) → `trajectories` ([T, N] per chunk length)
+      → forward π, V on every step (bf16 autocast on CUDA) → V-trace targets → impala_loss | appo_loss → Adam step
+
+A runner's chunk is T consecutive steps of its N sub-envs; chunks of the same length sit side by side (N grows),
+so V-trace runs over [T, ΣN] at once. V of each step's true next state comes from the same forward: obs[t + 1] is
+the next state inside a chunk; the last step's, and a truncated step's (its final obs), are looked up in next_obs.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from rlfarm.algos.vtrace import appo_loss, impala_loss, vtrace
+from rlfarm.settings import check_ranges, known_fields
+
+LOSSES = ("impala", "appo")
+# What the update reads of a chunk: the runner's arrays (behaviour log-probs included) and the labeled reward.
+TRAJECTORY_FIELDS = ("obs", "action", "logprob", "reward", "next_obs", "terminated", "truncated")
+
+
+@dataclass(frozen=True)
+class VTraceConfig:
+    loss: str = "impala"          # impala: −ρA log π; appo: the clipped surrogate on π/μ
+    lr: float = 1e-3
+    gamma: float = 0.99
+    rho_bar: float = 1.0          # ρ̄: truncates the importance weight of each temporal difference
+    c_bar: float = 1.0            # c̄: truncates the trace that carries it back
+    lam: float = 1.0              # λ of the traces (1: IMPALA's V-trace)
+    clip_eps: float = 0.2         # appo only
+    vf_coef: float = 0.5
+    ent_coef: float = 0.01
+    max_grad_norm: float = 40.0
+    epochs: int = 1               # gradient steps per batch (V-trace keeps each one's targets correct)
+    bf16: bool = True             # autocast the forward to bf16 on CUDA (the losses stay in float32)
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        check_ranges(self)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping) -> "VTraceConfig":
+        return cls(**known_fields(cls, values))
+
+
+def trajectories(chunks: list[tuple[dict, dict]], device: torch.device | str) -> list[dict[str, torch.Tensor]]:
+    """Labeled chunks (meta with "envs", flat [T·N, ...] arrays) → one dict of [T, ΣN, ...] tensors per chunk length,
+    the chunks of a length side by side. Image observations stay uint8 until they are on the device."""
+    by_length: dict[int, list[dict]] = {}
+    for meta, chunk in chunks:
+        envs = int(meta["envs"])
+        steps = meta["size"] // envs
+        by_length.setdefault(steps, []).append(
+            {key: np.asarray(chunk[key]).reshape(steps, envs, *np.shape(chunk[key])[1:]) for key in TRAJECTORY_FIELDS})
+    groups = []
+    for parts in by_length.values():
+        group = {}
+        for key in TRAJECTORY_FIELDS:
+            joined = np.concatenate([part[key] for part in parts], axis=1)
+            group[key] = torch.from_numpy(joined).to(device, non_blocking=True)
+        groups.append(group)
+    return groups
+
+
+class VTraceAgent:
+    """`actor` is the whole actor-critic (what the runners act with and `rlfarm eval` loads)."""
+
+    def __init__(self, model: nn.Module, cfg: VTraceConfig, device: str | torch.device = "cpu"):
+        self.cfg, self.device = cfg, torch.device(device)
+        self.actor = model.to(self.device)
+        # eps=1e-5 rather than 1e-8: steadier with large, noisy advantages (the PPO baselines' choice)
+        self.optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.lr, eps=1e-5)
+        on_cuda = self.device.type == "cuda"
+        self._autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cfg.bf16 and on_cuda \
+            else contextlib.nullcontext
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.actor.state_dict().items()}
+
+    def state_dict(self) -> dict:
+        return {"actor": self.actor.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.actor.load_state_dict(state["actor"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def update(self, groups: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """`cfg.epochs` gradient steps on the batch (groups from `trajectories`). Returns the last step's parts."""
+        parts: dict[str, torch.Tensor] = {}
+        for _ in range(self.cfg.epochs):
+            loss, parts = self.loss(groups)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            parts["grad_norm"] = nn.utils.clip_grad_norm_(self.actor.parameters(), self.cfg.max_grad_norm)
+            self.optimizer.step()
+        return {k: v.detach() for k, v in parts.items()}
+
+    def loss(self, groups: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss over all groups, each weighted by its share of the batch's steps."""
+        total_steps = sum(g["reward"].numel() for g in groups)
+        loss, parts = 0.0, {}
+        for group in groups:
+            share = group["reward"].numel() / total_steps
+            group_loss, group_parts = self._group_loss(group)
+            loss = loss + share * group_loss
+            for key, value in group_parts.items():
+                parts[key] = parts.get(key, 0.0) + share * value
+        return loss, parts
+
+    def _group_loss(self, g: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        steps, envs = g["reward"].shape
+        flat_obs = g["obs"].reshape(steps * envs, -1).float()
+        with self._autocast():
+            logprob, entropy, value = self.actor.evaluate(flat_obs, g["action"].reshape(steps * envs, *g["action"].shape[2:]))
+        logprob, entropy, value = (x.float().reshape(steps, envs) for x in (logprob, entropy, value))
+        next_values = self._next_values(g, value.detach())
+        trace = vtrace(g["logprob"].float(), logprob.detach(), g["reward"].float(), value.detach(), next_values,
+                       g["terminated"], g["truncated"], self.cfg.gamma, self.cfg.rho_bar, self.cfg.c_bar, self.cfg.lam)
+        if self.cfg.loss == "impala":
+            loss, parts = impala_loss(logprob, entropy, value, trace, self.cfg.vf_coef, self.cfg.ent_coef)
+        else:
+            loss, parts = appo_loss(logprob, g["logprob"].float(), entropy, value, trace, self.cfg.clip_eps,
+                                    self.cfg.vf_coef, self.cfg.ent_coef)
+        parts["rho_mean"] = trace.clipped_rho.mean()
+        return loss, parts
+
+    @torch.no_grad()
+    def _next_values(self, g: dict[str, torch.Tensor], value: torch.Tensor) -> torch.Tensor:
+        """V of the state each step led to [T, N]: the next row's V inside the chunk; V(next_obs) for the last
+        step and for truncated steps (the reset obs follows them in obs); terminated steps do not bootstrap."""
+        next_values = torch.empty_like(value)
+        next_values[:-1] = value[1:]
+        look_up = g["truncated"].clone()
+        look_up[-1] = True
+        where = look_up.nonzero(as_tuple=True)
+        with self._autocast():
+            looked_up = self.actor.value(g["next_obs"][where].reshape(len(where[0]), -1).float())
+        next_values[where] = looked_up.float()
+        return next_values
