@@ -84,3 +84,27 @@ class RandomActor:
         import torch
 
         return torch.from_numpy(self.rng.uniform(self.low, self.high, (len(obs), *self.low.shape)).astype("float32"))
+
+
+class RecordingRunner:
+    """An env runner's two learner-facing methods, called as Ray handles are (`.remote`), recorded here."""
+
+    class _Method:
+        def __init__(self, call):
+            self.remote = call
+
+    def __init__(self):
+        self.acked: list[int] = []
+        self.pushed: list[int] = []   # weight versions sent by set_weights (start, load, push_weights)
+        self.carried: list[int] = []  # weight versions that came with an ack
+        self.ack = self._Method(self._ack)
+        self.set_weights = self._Method(lambda published: self.pushed.append(published[1]))
+
+    def _ack(self, seqs, published=None):
+        self.acked.extend(seqs)
+        if published is not None:
+            self.carried.append(published[1])
+
+    @property
+    def newest(self) -> int:
+        return max(self.pushed + self.carried)

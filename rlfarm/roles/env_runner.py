@@ -30,7 +30,7 @@ from hydra.utils import instantiate
 
 from rlfarm.envs.spaces import policy_dims
 from rlfarm.envs.vector import RECORDED, StepBuffers, VectorEnv, make_env
-from rlfarm.roles.common import limit_threads, seed_everything
+from rlfarm.roles.common import assigned_device, limit_threads, seed_everything
 from rlfarm.roles.versioned_weights import HeldWeights, Publication
 
 
@@ -120,7 +120,11 @@ class EnvRunner:
         self._spaces = policy_dims(self.env.single_observation_space, self.env.single_action_space)
         self.obs_dim, self.act_dim = self._spaces["obs_dim"], self._spaces["act_dim"]
         self.action_low, self.action_high = self._spaces["action_low"], self._spaces["action_high"]
-        self.policy = instantiate(actor_cfg)(self.obs_dim, self.act_dim, self.action_low, self.action_high).eval()
+        # A runner given a GPU share acts there (a conv policy on pixels is the runner's cost, not the env); the
+        # observations go up as they are (uint8 images: a quarter of the bytes) and become float32 on the device.
+        self.device = torch.device(assigned_device())
+        self.policy = instantiate(actor_cfg)(self.obs_dim, self.act_dim, self.action_low, self.action_high)
+        self.policy = self.policy.to(self.device).eval()
         self.rng = np.random.default_rng(seed + 7919 * index)
         self.behaviour = self._behaviour_arrays(chunk_steps) if behaviour else {}
         self.credits = threading.Semaphore(credits)
@@ -200,16 +204,20 @@ class EnvRunner:
         if self.env_steps < self.random_steps:
             return self.rng.uniform(self.action_low, self.action_high, size=(obs.shape[0], self.act_dim)).astype(np.float32)
         with torch.no_grad():
-            action = self.policy.act(torch.as_tensor(obs, dtype=torch.float32).reshape(obs.shape[0], -1))
-        return action.numpy()
+            action = self.policy.act(self._tensor(obs))
+        return action.cpu().numpy()
+
+    def _tensor(self, obs: np.ndarray) -> torch.Tensor:
+        """[B, ...] observations → [B, obs_dim] float32 on the policy's device."""
+        return torch.as_tensor(obs).to(self.device, non_blocking=True).reshape(obs.shape[0], -1).float()
 
     def _act_recording(self, obs: np.ndarray, t: int) -> np.ndarray:
         with torch.no_grad():
-            action, logprob, _ = self.policy.sample(torch.as_tensor(obs, dtype=torch.float32).reshape(obs.shape[0], -1))
-        self.behaviour["logprob"][t] = logprob.numpy()
+            action, logprob, _ = self.policy.sample(self._tensor(obs))
+        self.behaviour["logprob"][t] = logprob.cpu().numpy()
         if "sampled_action" in self.behaviour:
-            self.behaviour["sampled_action"][t] = action.reshape(obs.shape[0], -1).numpy()
-        return self.policy.to_env(action).numpy()
+            self.behaviour["sampled_action"][t] = action.reshape(obs.shape[0], -1).cpu().numpy()
+        return self.policy.to_env(action).cpu().numpy()
 
     def collect(self, steps: int) -> dict[str, np.ndarray]:
         """Load the newest weights handed over, then act `steps` (≤ chunk_steps) vector steps from where the last

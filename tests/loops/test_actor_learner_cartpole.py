@@ -9,19 +9,35 @@ import torch
 
 from helpers import metrics_rows, read_summary, rlfarm, start_train, train, wait_for
 
-TWO_RUNNERS = ["env=cartpole", "topology.roles.env_runner.count=2", "ray.num_cpus=3", "run.live=false", "logger=none"]
+TWO_RUNNERS = ["env=cartpole", "topology.roles.env_runner.count=2", "ray.num_cpus=3", "logger=none"]
+
+
+LEARNS = ["total_env_steps=300000", "algo.target_return=400", "algo.max_policy_lag=6"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["impala", "appo"])
 def test_actor_learner_learns_cartpole_to_400_within_300k_env_steps(tmp_path, algo):
+    """APPO's run is preempted on the way (SIGTERM, as Slurm sends it: preempted.pt, exit 75) and resumed with
+    resume=auto: it learns across the two sessions, and the budget is produced, labeled and stored exactly once."""
     run_dir = tmp_path / algo
-    out = rlfarm("train", f"algo={algo}", *TWO_RUNNERS, "total_env_steps=300000", "algo.target_return=400",
-                 "algo.max_policy_lag=6", f"hydra.run.dir={run_dir}", timeout=900)
+    if algo == "appo":
+        proc = start_train(run_dir, f"algo={algo}", *TWO_RUNNERS, *LEARNS)
+        assert wait_for(lambda: len(metrics_rows(run_dir)) >= 2, 120)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        assert proc.returncode == 75 and (run_dir / "checkpoints" / "preempted.pt").exists()
+        preempted = torch.load(run_dir / "checkpoints" / "preempted.pt", weights_only=True)
+        assert 0 < preempted["stored"] < 300_000 and preempted["updates"] > 0
+        out = train(run_dir, "resume=auto", timeout=900)
+    else:
+        out = train(run_dir, f"algo={algo}", *TWO_RUNNERS, *LEARNS, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(run_dir)
     assert summary["reached_target"] and summary["env_steps"] <= 300_000, summary
-    assert summary["transitions_produced"] == summary["transitions_labeled"] == summary["transitions_stored"]
+    assert summary["env_steps"] == summary["transitions_produced"] == summary["transitions_stored"]
+    assert summary["transitions_labeled"] == summary["transitions_stored"]
+    assert summary["restarts"] == (1 if algo == "appo" else 0)
     rows = metrics_rows(run_dir)
     assert rows[0]["episode_return_mean"] is None or rows[0]["episode_return_mean"] < 100  # started near chance (~22)
     lags = [row["policy_lag_max"] for row in rows if row.get("policy_lag_max") is not None]
@@ -31,20 +47,3 @@ def test_actor_learner_learns_cartpole_to_400_within_300k_env_steps(tmp_path, al
     played = rlfarm("eval", f"run_dir={run_dir}", "episodes=3", "video=false", timeout=300)
     assert played.returncode == 0, played.stderr[-3000:]
     assert json.loads((run_dir / "eval" / "returns.json").read_text())["return_mean"] >= 400
-
-
-def test_an_appo_run_preempted_by_sigterm_resumes_and_finishes(tmp_path):
-    """SIGTERM (Slurm's preemption) → preempted.pt and exit 75 → resume=auto finishes the budget exactly once."""
-    run_dir = tmp_path / "run"
-    proc = start_train(run_dir, "algo=appo", *TWO_RUNNERS, "total_env_steps=60000")
-    assert wait_for(lambda: len(metrics_rows(run_dir)) >= 2, 120)
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
-    assert proc.returncode == 75 and (run_dir / "checkpoints" / "preempted.pt").exists()
-    preempted = torch.load(run_dir / "checkpoints" / "preempted.pt", weights_only=True)
-    assert 0 < preempted["stored"] < 60000 and preempted["updates"] > 0
-    again = train(run_dir, "resume=auto")
-    assert again.returncode == 0, again.stderr[-3000:]
-    after = read_summary(run_dir)
-    assert after["restarts"] == 1 and after["updates"] > preempted["updates"]
-    assert after["env_steps"] == after["transitions_produced"] == after["transitions_stored"] == 60000

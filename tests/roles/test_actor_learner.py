@@ -6,6 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from helpers import RecordingRunner
 from rlfarm.algos.vtrace_agent import VTraceAgent, VTraceConfig, trajectories
 from rlfarm.config import compose
 from rlfarm.models.actor_critic import ActorCritic
@@ -13,19 +14,6 @@ from rlfarm.roles.actor_learner import ActorLearner
 from rlfarm.roles.env_runner import EnvRunner
 
 STEPS, ENVS = 16, 4
-
-
-class RecordingRunner:
-    """The two learner-facing methods of an env runner, called as Ray handles are (`.remote`), recorded here."""
-
-    class _Method:
-        def __init__(self, call):
-            self.remote = call
-
-    def __init__(self):
-        self.acked: list[int] = []
-        self.ack = self._Method(lambda seqs, published=None: self.acked.extend(seqs))
-        self.set_weights = self._Method(lambda published: None)
 
 
 @pytest.fixture(scope="module")

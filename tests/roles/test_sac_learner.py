@@ -14,7 +14,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from helpers import read_summary, train
+from helpers import RecordingRunner, read_summary, train
 from rlfarm.config import compose
 from rlfarm.roles import chunk_learner
 from rlfarm.roles.sac_learner import UPDATES_PER_BURST, SACLearner, WeightPublisher
@@ -22,30 +22,6 @@ from rlfarm.roles.sac_learner import UPDATES_PER_BURST, SACLearner, WeightPublis
 OBS, ACT, CHUNK = 5, 2, 32
 TINY = ["algo.batch_size=32", "algo.buffer_size=20000", "algo.learning_starts=64",
         "model.actor.hidden=[16,16]", "model.critic.hidden=[16,16]"]
-
-
-class RecordingRunner:
-    """An env runner's two learner-facing methods, called as Ray handles are (`.remote`), recorded here."""
-
-    class _Method:
-        def __init__(self, call):
-            self.remote = call
-
-    def __init__(self):
-        self.acked: list[int] = []
-        self.pushed: list[int] = []   # weight versions sent by set_weights (start, load, push_weights)
-        self.carried: list[int] = []  # weight versions that came with an ack
-        self.ack = self._Method(self._ack)
-        self.set_weights = self._Method(lambda published: self.pushed.append(published[1]))
-
-    def _ack(self, seqs, published=None):
-        self.acked.extend(seqs)
-        if published is not None:
-            self.carried.append(published[1])
-
-    @property
-    def newest(self) -> int:
-        return max(self.pushed + self.carried)
 
 
 def make_learner(*overrides, runners=1, learner_class=SACLearner, device=None):
