@@ -2,10 +2,10 @@
 # Issue 18: APPO on Atari with the runners on the machine's cores (each acting on a small GPU share), the learner on
 # GPU 0, env reward through the labelers; next to the env stage alone (same processes × sub-envs, random actions).
 # Env: RUNNERS (52), NUM_ENVS (16), WALL (300 s), GAME (Pong), EXTRA (more overrides). Carry .devpkgs (with the
-# ale-py cp312 wheel in .devpkgs/whl). Results: $OUT/env_alone.json, $OUT/appo.json, $OUT/run.tgz.
+# ale-py cp312 wheel in .devpkgs/whl) and .gl. Results: $OUT/env_alone.json, $OUT/appo.json, $OUT/run.tgz.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-source .devpkgs/setup.sh
+
+source launch/device/gpu_env.sh   # the staged packages (and GL loaders, should anything import MuJoCo)
 RUNNERS=${RUNNERS:-52}; NUM_ENVS=${NUM_ENVS:-16}; WALL=${WALL:-300}; GAME=${GAME:-Pong}
 read -r -a EXTRA <<< "${EXTRA:-}"
 ENV_ID=rlfarm.envs.atari:RlfarmAtari-v0

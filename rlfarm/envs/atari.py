@@ -55,4 +55,6 @@ def make_atari(game: str = "Pong", frame_skip: int = 4, screen_size: int = 84, f
 
 
 if ENV_ID not in gym.registry:
-    gym.register(ENV_ID, entry_point=make_atari)
+    # A string entry point: rlfarm's env maker reads it to tell MuJoCo envs apart without importing MuJoCo (whose
+    # GL backend, EGL on a GPU host, is not there for an Atari-only machine).
+    gym.register(ENV_ID, entry_point="rlfarm.envs.atari:make_atari")

@@ -676,6 +676,8 @@ def _is_mujoco(spec: gym.envs.registration.EnvSpec) -> bool:
     creator = spec.entry_point
     if isinstance(creator, str) and "mujoco" not in creator.lower():
         return False  # importing MuJoCo loads its GL backend (EGL): not for envs that do not need it
+    if not isinstance(creator, (str, type)):
+        return False  # a factory function: not one of gymnasium's MuJoCo env classes
     from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
 
     if isinstance(creator, str):
