@@ -1,7 +1,8 @@
 #!/bin/bash
 # Issue 18: APPO on Atari with the runners on the machine's cores (each acting on a small GPU share), the learner on
 # GPU 0, env reward through the labelers; next to the env stage alone (same processes × sub-envs, random actions).
-# Env: RUNNERS (52), NUM_ENVS (16), WALL (300 s), GAME (Pong), EXTRA (more overrides). Carry .devpkgs (with the
+# Env: RUNNERS (52), NUM_ENVS (16), WALL (300 s), GAME (Pong), BATCH_CHUNKS (2), EPOCHS (2), ALONE_S (20),
+# EXTRA (more overrides). Carry .devpkgs (with the
 # ale-py cp312 wheel in .devpkgs/whl) and .gl. Results: $OUT/env_alone.json, $OUT/appo.json, $OUT/run.tgz.
 set -uo pipefail
 
@@ -10,7 +11,7 @@ RUNNERS=${RUNNERS:-52}; NUM_ENVS=${NUM_ENVS:-16}; WALL=${WALL:-300}; GAME=${GAME
 read -r -a EXTRA <<< "${EXTRA:-}"
 ENV_ID=rlfarm.envs.atari:RlfarmAtari-v0
 { nvidia-smi -L; nproc; } > "$OUT/machine.txt"
-python3 launch/device/env_alone.py $ENV_ID "$RUNNERS" "$NUM_ENVS" 30 game=$GAME > "$OUT/env_alone.json" 2>/tmp/env_alone.err
+python3 launch/device/env_alone.py $ENV_ID "$RUNNERS" "$NUM_ENVS" ${ALONE_S:-20} game=$GAME > "$OUT/env_alone.json" 2>/tmp/env_alone.err
 cat "$OUT/env_alone.json"; tail -3 /tmp/env_alone.err
 nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > /tmp/gpu_appo.csv &
 smi=$!
@@ -19,7 +20,7 @@ timeout $((WALL + 200)) rlfarm train algo=appo env=atari model=cnn_actor_critic 
   env.num_envs=$NUM_ENVS topology=split_1_3 topology.roles.env_runner.count=$RUNNERS \
   topology.roles.env_runner.pool=reward topology.roles.env_runner.gpus=$SHARE \
   topology.roles.labeler.count=4 topology.roles.labeler.pool=null topology.roles.labeler.gpus=0 \
-  algo.chunk_steps=32 algo.batch_chunks=8 algo.lr=5e-4 algo.gamma=0.99 algo.lam=0.95 algo.epochs=1 \
+  algo.chunk_steps=32 algo.batch_chunks=${BATCH_CHUNKS:-2} algo.lr=5e-4 algo.gamma=0.99 algo.lam=0.95 algo.epochs=${EPOCHS:-2} \
   algo.clip_eps=0.1 algo.max_policy_lag=50 labeler.bus_items=4096 total_env_steps=1000000000 \
   run.max_wall_s=$WALL run.live=false hydra.run.dir=/tmp/appo "${EXTRA[@]}" > /tmp/appo.log 2>&1
 echo "appo rc=$?"; kill $smi

@@ -22,8 +22,9 @@ from rlfarm.algos.vtrace import appo_loss, impala_loss, vtrace
 from rlfarm.settings import check_ranges, known_fields
 
 LOSSES = ("impala", "appo")
-# What the update reads of a chunk: the runner's arrays (behaviour log-probs included) and the labeled reward.
-TRAJECTORY_FIELDS = ("obs", "action", "logprob", "reward", "next_obs", "terminated", "truncated")
+# What the update reads of every step of a chunk: the runner's arrays (behaviour log-probs included) and the labeled
+# reward; next_obs only where V-trace looks it up (see `trajectories`).
+STEP_FIELDS = ("obs", "action", "logprob", "reward", "terminated", "truncated")
 
 
 @dataclass(frozen=True)
@@ -51,23 +52,80 @@ class VTraceConfig:
         return cls(**known_fields(cls, values))
 
 
-def trajectories(chunks: list[tuple[dict, dict]], device: torch.device | str) -> list[dict[str, torch.Tensor]]:
+class BatchStaging:
+    """Host → device for the learner's batches. On CUDA each field is gathered from the chunks straight into a pinned
+    buffer of its own (kept and reused) and copied without blocking, so the GPU is not held up by a pageable copy and
+    the host writes a field again only once its last copy has left (an event per buffer). On CPU: plain arrays."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self._buffers: dict[str, tuple[torch.Tensor, torch.cuda.Event | None]] = {}
+
+    def host(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
+        """A host tensor of `shape` to fill (through `.numpy()`) and then `upload`."""
+        if self.device.type != "cuda":
+            return torch.from_numpy(np.empty(shape, dtype))
+        size = int(np.prod(shape))
+        buffer, copied = self._buffers.get(key, (None, None))
+        if copied is not None:
+            copied.synchronize()  # its last copy to the device has finished
+        if buffer is None or buffer.numel() < size or buffer.numpy().dtype != np.dtype(dtype):
+            buffer = torch.from_numpy(np.empty(size, dtype)).pin_memory()
+            self._buffers[key] = (buffer, None)
+        return buffer[:size].view(shape)
+
+    def upload(self, key: str, host: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return host
+        on_device = host.to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._buffers[key] = (self._buffers[key][0], event)
+        return on_device
+
+
+def trajectories(chunks: list[tuple[dict, dict]], staging: BatchStaging | torch.device | str
+                 ) -> list[dict[str, torch.Tensor]]:
     """Labeled chunks (meta with "envs", flat [T·N, ...] arrays) → one dict of [T, ΣN, ...] tensors per chunk length,
-    the chunks of a length side by side. Image observations stay uint8 until they are on the device."""
-    by_length: dict[int, list[dict]] = {}
+    the chunks of a length side by side. Image observations stay uint8 until they are on the device. Of next_obs only
+    the rows V-trace looks up travel (each chunk's last step and its truncated steps): `lookup_obs` at
+    (`lookup_t`, `lookup_n`)."""
+    if not isinstance(staging, BatchStaging):
+        staging = BatchStaging(staging)
+    by_length: dict[int, list[tuple[int, dict]]] = {}
     for meta, chunk in chunks:
         envs = int(meta["envs"])
-        steps = meta["size"] // envs
-        by_length.setdefault(steps, []).append(
-            {key: np.asarray(chunk[key]).reshape(steps, envs, *np.shape(chunk[key])[1:]) for key in TRAJECTORY_FIELDS})
-    groups = []
-    for parts in by_length.values():
-        group = {}
-        for key in TRAJECTORY_FIELDS:
-            joined = np.concatenate([part[key] for part in parts], axis=1)
-            group[key] = torch.from_numpy(joined).to(device, non_blocking=True)
-        groups.append(group)
-    return groups
+        by_length.setdefault(meta["size"] // envs, []).append((envs, chunk))
+    return [_group(steps, parts, staging) for steps, parts in by_length.items()]
+
+
+def _group(steps: int, parts: list[tuple[int, dict]], staging: BatchStaging) -> dict[str, torch.Tensor]:
+    total = sum(envs for envs, _ in parts)
+    group = {}
+    for key in STEP_FIELDS:
+        first = np.asarray(parts[0][1][key])
+        name = f"{steps}/{key}"
+        host = staging.host(name, (steps, total, *first.shape[1:]), first.dtype)
+        columns, at = host.numpy(), 0
+        for envs, chunk in parts:
+            columns[:, at:at + envs] = np.asarray(chunk[key]).reshape(steps, envs, *first.shape[1:])
+            at += envs
+        group[key] = staging.upload(name, host)
+    times, columns, rows, at = [], [], [], 0
+    for envs, chunk in parts:
+        look = np.asarray(chunk["truncated"]).reshape(steps, envs).copy()
+        look[-1] = True
+        t, n = np.nonzero(look)
+        next_obs = np.asarray(chunk["next_obs"])
+        rows.append(next_obs.reshape(steps, envs, *next_obs.shape[1:])[t, n])
+        times.append(t)
+        columns.append(n + at)
+        at += envs
+    device = staging.device
+    group["lookup_t"] = torch.from_numpy(np.concatenate(times)).to(device)
+    group["lookup_n"] = torch.from_numpy(np.concatenate(columns)).to(device)
+    group["lookup_obs"] = torch.from_numpy(np.concatenate(rows)).to(device)
+    return group
 
 
 class VTraceAgent:
@@ -117,7 +175,7 @@ class VTraceAgent:
 
     def _group_loss(self, g: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         steps, envs = g["reward"].shape
-        flat_obs = g["obs"].reshape(steps * envs, -1).float()
+        flat_obs = _network_input(g["obs"].reshape(steps * envs, -1))
         with self._autocast():
             logprob, entropy, value = self.actor.evaluate(flat_obs, g["action"].reshape(steps * envs, *g["action"].shape[2:]))
         logprob, entropy, value = (x.float().reshape(steps, envs) for x in (logprob, entropy, value))
@@ -138,10 +196,14 @@ class VTraceAgent:
         step and for truncated steps (the reset obs follows them in obs); terminated steps do not bootstrap."""
         next_values = torch.empty_like(value)
         next_values[:-1] = value[1:]
-        look_up = g["truncated"].clone()
-        look_up[-1] = True
-        where = look_up.nonzero(as_tuple=True)
+        looked_up = g["lookup_obs"]
         with self._autocast():
-            looked_up = self.actor.value(g["next_obs"][where].reshape(len(where[0]), -1).float())
-        next_values[where] = looked_up.float()
+            values = self.actor.value(_network_input(looked_up.reshape(len(looked_up), -1)))
+        next_values[g["lookup_t"], g["lookup_n"]] = values.float()
         return next_values
+
+
+def _network_input(obs: torch.Tensor) -> torch.Tensor:
+    """Images go in as uint8 (the conv network scales them: a float copy of a batch of frames is 4× the memory);
+    vector observations as float32."""
+    return obs if obs.dtype == torch.uint8 else obs.float()

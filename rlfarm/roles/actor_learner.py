@@ -15,7 +15,7 @@ from collections import deque
 import numpy as np
 from hydra.utils import instantiate
 
-from rlfarm.algos.vtrace_agent import VTraceAgent, VTraceConfig, trajectories
+from rlfarm.algos.vtrace_agent import BatchStaging, VTraceAgent, VTraceConfig, trajectories
 from rlfarm.roles.chunk_learner import ChunkLearner
 from rlfarm.roles.common import assigned_device, limit_threads, seed_everything
 
@@ -35,6 +35,7 @@ class ActorLearner(ChunkLearner):
         self.queued = 0  # their transitions
         self.dropped_chunks = self.dropped_transitions = 0
         self._lags: list[int] = []  # of the chunks batches took since the last stats()
+        self.staging = BatchStaging(self.agent.device)
 
     def _take(self, meta: dict, chunk: dict) -> None:
         self.queue.append((meta, chunk))
@@ -50,7 +51,7 @@ class ActorLearner(ChunkLearner):
         for _ in range(n):
             batch = self._next_batch()
             if batch:
-                self._last_metrics = self.agent.update(trajectories(batch, self.agent.device))
+                self._last_metrics = self.agent.update(trajectories(batch, self.staging))
                 self.updates += 1
             for meta, _ in batch:  # their credits go back with the next ack
                 self.unacked.append((meta["runner"], meta["seq"], self.updates))

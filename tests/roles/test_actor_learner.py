@@ -111,7 +111,7 @@ def test_next_values_follow_the_chunk_and_bootstrap_through_time_limits():
     agent = VTraceAgent(model, VTraceConfig(), "cpu")
     with torch.no_grad():
         values = model.value(group["obs"].reshape(-1, 4)).reshape(12, 3)
-        direct = model.value(group["next_obs"].reshape(-1, 4)).reshape(12, 3)
+        direct = model.value(torch.as_tensor(chunk["next_obs"]).reshape(-1, 4)).reshape(12, 3)
     next_values = agent._next_values(group, values)
     live = ~group["terminated"]  # terminated steps do not bootstrap: their next value is unused
     torch.testing.assert_close(next_values[live], direct[live])
