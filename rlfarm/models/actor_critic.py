@@ -92,6 +92,13 @@ class ActorCritic(nn.Module):
         logprob, _ = self._log_prob_and_entropy(dist, action)
         return action, logprob, self.value(obs)
 
+    @torch.no_grad()
+    def sample_with_logprob(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(action, log π(a|s)) without the critic: what an actor-learner's runner records (V is the learner's)."""
+        dist = self.distribution(obs)
+        action = dist.sample()
+        return action, self._log_prob_and_entropy(dist, action)[0]
+
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
         """The action the env receives: a box action clipped into its bounds; a discrete one as is."""
         return action if self.discrete else torch.max(torch.min(action, self.action_high), self.action_low)

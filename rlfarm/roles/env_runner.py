@@ -100,7 +100,7 @@ class EnvRunner:
                  seed: int, chunk_steps: int, credits: int, random_steps: int, threads: int = 1, frame_stack: int = 1,
                  behaviour: bool = False):
         """behaviour: record log μ(a|s) of every action taken (an actor-learner's V-trace needs them); the policy is
-        then an actor-critic (`sample`, `to_env`), and a Box action's raw sample travels too (`sampled_action`: the
+        then an actor-critic (`sample_with_logprob`, `to_env`), and a Box action's raw sample travels too (`sampled_action`: the
         env gets it clipped into the box, log μ is of the raw sample)."""
         limit_threads(threads)
         seed_everything(seed + 7919 * index)
@@ -213,7 +213,7 @@ class EnvRunner:
 
     def _act_recording(self, obs: np.ndarray, t: int) -> np.ndarray:
         with torch.no_grad():
-            action, logprob, _ = self.policy.sample(self._tensor(obs))
+            action, logprob = self.policy.sample_with_logprob(self._tensor(obs))
         self.behaviour["logprob"][t] = logprob.cpu().numpy()
         if "sampled_action" in self.behaviour:
             self.behaviour["sampled_action"][t] = action.reshape(obs.shape[0], -1).cpu().numpy()
