@@ -190,11 +190,17 @@ class GymEnvSchema(Ranged):
     # GPUs the runners render on through EGL (runner i on render_gpus[i % len]); None: all of the node's.
     # Keeps rendering off GPUs that are busy with something else, e.g. the reward model's (docs/benchmarks.md).
     render_gpus: Optional[list[int]] = None
+    # Double buffering: the sub-envs in `groups` groups, one group's policy forward overlapping another's step
+    # (rlfarm/envs/vector.py, roles/env_runner.py). 2 pays when the forward is a real share of a step (a GPU policy).
+    groups: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0 <= self.workers <= self.num_envs:
             raise RangeError("workers", f"in [0, num_envs] = [0, {self.num_envs}]", self.workers)
+        if not 1 <= self.groups <= self.num_envs or self.workers % self.groups:
+            raise RangeError("groups", f"in [1, num_envs={self.num_envs}] and a divisor of workers={self.workers}",
+                             self.groups)
         if self.render_gpus is not None and (not self.render_gpus or min(self.render_gpus) < 0):
             raise RangeError("render_gpus", "null or a non-empty list of GPU indices", self.render_gpus)
 

@@ -30,6 +30,11 @@ forward) and `workers` (the cores) are set apart, as in EnvPool. Workers are sta
 multiprocessing: a runner is a threaded Ray actor (fork is unsafe there) and multiprocessing's spawn would
 re-import the Ray worker's main module in every worker.
 
+Groups (`groups` > 1, Sample Factory's double buffering): the sub-envs are split into contiguous groups that can be
+stepped one at a time (`begin_step` / `end_step`), so a runner computes one group's actions (on a GPU, without
+waiting) while another group steps. With workers, each group has its own worker processes and `begin_step` only
+sends the command; without, `begin_step` steps the group before it returns. A whole-env `step_into` steps every group.
+
 Headless rendering: MuJoCo uses EGL (`MUJOCO_GL=egl` unless set) with shadows and reflections off;
 classic-control envs use pygame's dummy video driver. Rates are in docs/benchmarks.md (`rlfarm bench env`).
 """
@@ -168,42 +173,66 @@ class VectorEnv:
     batch_render: MuJoCo sub-envs of a process render as tiles in one GL context, read back once per step (the
         same frames); other envs render one by one whatever it says.
     frame_stack: renders per frame (the last frame_stack of the sub-env, oldest first, on the channels).
+    groups: contiguous groups of sub-envs that can be stepped apart (`begin_step(buffers, t, g)` / `end_step(g)`);
+        with workers, each group has workers / groups of them.
 
     Two ways to step: `step(actions) -> StepResult` (fresh arrays each step), or `step_buffers(steps)` once and
     then `reset_into` / `step_into(buffers, t)`, which write row t of those arrays in place (the chunk path).
     """
 
     def __init__(self, env_id: str, num_envs: int = 1, seed: int = 0, frame_size: int | None = None,
-                 kwargs: dict | None = None, workers: int = 0, batch_render: bool = False, frame_stack: int = 1):
+                 kwargs: dict | None = None, workers: int = 0, batch_render: bool = False, frame_stack: int = 1,
+                 groups: int = 1):
         _registered_spec(env_id)  # an unknown id fails here, in one line, before any worker starts
         if not 0 <= workers <= num_envs:
             raise ValueError(f"workers must be in [0, num_envs={num_envs}], got {workers}")
         if frame_stack < 1:
             raise ValueError(f"frame_stack must be >= 1, got {frame_stack}")
+        if not 1 <= groups <= num_envs or workers % groups:
+            raise ValueError(f"groups must be in [1, num_envs={num_envs}] and divide workers={workers}, got {groups}")
         self.num_envs, self.frame_size, self.frame_stack = num_envs, frame_size, frame_stack
         self._render_s = 0.0
         self._scratch: StepBuffers | None = None
         self._keys = 0
-        self._local: _SubEnvs | None = None
-        self._workers: list[_Worker] = []
+        # Group g: sub-envs columns[g]; stepped by locals[g] in this process, or by the worker processes workers[g].
+        self.columns = [slice(int(c[0]), int(c[-1]) + 1) for c in np.array_split(np.arange(num_envs), groups)]
+        self._locals: list[_SubEnvs] = []
+        self._workers: list[list[_Worker]] = []
+        self._begun: dict[int, tuple[list[float], list[int]] | None] = {}  # group → a step begun, not yet ended
         if workers == 0:
-            self._local = _SubEnvs(env_id, 0, num_envs, seed, frame_size, kwargs, batch_render, frame_stack)
-            spaces = self._local.spaces()
+            self._locals = [_SubEnvs(env_id, c.start, c.stop - c.start, seed, frame_size, kwargs, batch_render,
+                                     frame_stack) for c in self.columns]
+            spaces = self._locals[0].spaces()
         else:
-            groups = np.array_split(np.arange(num_envs), workers)
-            self._workers = [_Worker(env_id, int(g[0]), len(g), seed, frame_size, kwargs, batch_render, frame_stack)
-                             for g in groups]
+            for c in self.columns:
+                split = np.array_split(np.arange(c.start, c.stop), workers // groups)
+                self._workers.append([_Worker(env_id, int(g[0]), len(g), seed, frame_size, kwargs, batch_render,
+                                              frame_stack) for g in split])
             try:  # all start at once; then wait for each
-                spaces = [worker.wait_ready() for worker in self._workers][0]
+                spaces = [worker.wait_ready() for worker in self._all_workers][0]
             except EnvWorkerError:
                 self.close()
                 raise
         self.single_observation_space, self.single_action_space = spaces
 
     @property
+    def groups(self) -> int:
+        return len(self.columns)
+
+    @property
+    def steps_elsewhere(self) -> bool:
+        """Worker processes step the sub-envs: `begin_step` returns at once and the step runs meanwhile."""
+        return bool(self._workers)
+
+    @property
+    def _all_workers(self) -> list["_Worker"]:
+        return [worker for group in self._workers for worker in group]
+
+    @property
     def render_s(self) -> float:
-        """Seconds spent rendering so far (with workers: each step's mean over the groups, which run at once)."""
-        return self._local.render_s if self._local is not None else self._render_s
+        """Seconds spent rendering so far (with workers: each step's mean over the worker processes, which run at
+        once; without, the groups' sum)."""
+        return sum(local.render_s for local in self._locals) if self._locals else self._render_s
 
     # -- the chunk path: rows written in place ------------------------------------------------------
     def step_buffers(self, steps: int) -> StepBuffers:
@@ -216,25 +245,51 @@ class VectorEnv:
         else:
             path, layout, arrays = _shared_arrays(specs)
             try:
-                self._call_all(("attach", self._keys, path, layout))
+                self._call(self._all_workers, ("attach", self._keys, path, layout))
             finally:
                 os.unlink(path)  # the mappings stay; the name goes, so nothing is left behind if this process dies
         return StepBuffers(**{"frames": None, **arrays}, key=self._keys)
 
     def reset_into(self, buffers: StepBuffers) -> None:
         """Reset every sub-env with its seed, writing buffers.obs[0]."""
-        if self._local is not None:
-            self._local.reset(buffers)
-        else:
-            self._call_all(("reset", buffers.key))
+        if self._begun:
+            raise RuntimeError(f"groups {sorted(self._begun)} have a step begun and not ended")
+        for local in self._locals:
+            local.reset(buffers)
+        if self._workers:
+            self._call(self._all_workers, ("reset", buffers.key))
 
     def step_into(self, buffers: StepBuffers, t: int) -> tuple[list[float], list[int]]:
         """Step every sub-env with buffers.action[t]; write row t (obs: row t + 1). Done sub-envs are reset in the
         same call. Returns the env-reward sums and lengths of the episodes that ended, in sub-env order."""
-        if self._local is not None:
-            return self._local.step(buffers, t)
-        replies = self._call_all(("step", buffers.key, t))
-        self._render_s += sum(render_s for _, _, render_s in replies) / len(replies)
+        for group in range(self.groups):
+            self.begin_step(buffers, t, group)
+        ended = [self.end_step(group) for group in range(self.groups)]
+        return [r for returns, _ in ended for r in returns], [n for _, lengths in ended for n in lengths]
+
+    def begin_step(self, buffers: StepBuffers, t: int, group: int) -> None:
+        """Step group `group`'s sub-envs (columns[group]) with buffers.action[t], as step_into does for all: with
+        workers, only started here (its rows are written once `end_step(group)` returns); without, done here."""
+        if group in self._begun:
+            raise RuntimeError(f"group {group} has a step begun and not ended")
+        if self._locals:
+            self._begun[group] = self._locals[group].step(buffers, t)
+            return
+        for worker in self._workers[group]:
+            worker.send(("step", buffers.key, t))
+        self._begun[group] = None
+
+    def stepping(self, group: int) -> bool:
+        """The group has a step begun and not ended."""
+        return group in self._begun
+
+    def end_step(self, group: int) -> tuple[list[float], list[int]]:
+        """Wait for the group's step begun last; returns its finished episodes (returns, lengths), in sub-env order."""
+        done = self._begun.pop(group)
+        if self._locals:
+            return done
+        replies = [worker.receive() for worker in self._workers[group]]
+        self._render_s += sum(render_s for _, _, render_s in replies) / len(replies) / self.groups
         return ([r for returns, _, _ in replies for r in returns],
                 [n for _, lengths, _ in replies for n in lengths])
 
@@ -260,17 +315,18 @@ class VectorEnv:
                           episode_returns=returns, episode_lengths=lengths)
 
     def close(self) -> None:
-        if self._local is not None:
-            self._local.close()
-        for worker in self._workers:
+        for local in self._locals:
+            local.close()
+        for worker in self._all_workers:
             worker.close()
         self._workers = []
 
-    def _call_all(self, message: tuple) -> list:
-        """Send `message` to every worker, then gather their replies (they work at once)."""
-        for worker in self._workers:
+    @staticmethod
+    def _call(workers: list["_Worker"], message: tuple) -> list:
+        """Send `message` to these workers, then gather their replies (they work at once)."""
+        for worker in workers:
             worker.send(message)
-        return [worker.receive() for worker in self._workers]
+        return [worker.receive() for worker in workers]
 
 
 class _SubEnvs:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import deque
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import ray
@@ -110,7 +111,8 @@ class EnvRunner:
         self.index, self.needs, self.chunk_steps, self.random_steps = index, list(needs), chunk_steps, random_steps
         self.env = VectorEnv(env_cfg["id"], int(env_cfg.get("num_envs", 1)), seed + 1000 * index,
                              frame_size, dict(env_cfg.get("kwargs") or {}), workers,
-                             batch_render=bool(env_cfg.get("batch_render", False)), frame_stack=frame_stack)
+                             batch_render=bool(env_cfg.get("batch_render", False)), frame_stack=frame_stack,
+                             groups=int(env_cfg.get("groups", 1)))
         self.buffers: StepBuffers = self.env.step_buffers(chunk_steps)
         missing = [key for key in self.needs if key not in RECORDED or getattr(self.buffers, key) is None]
         if missing:
@@ -198,26 +200,43 @@ class EnvRunner:
             pending, self._pending_weights = self._pending_weights, None
         self.weights.load_newer(pending, self.policy.load_state_dict)
 
-    def _act(self, obs: np.ndarray, t: int) -> np.ndarray:
-        if self.behaviour:
-            return self._act_recording(obs, t)
-        if self.env_steps < self.random_steps:
-            return self.rng.uniform(self.action_low, self.action_high, size=(obs.shape[0], self.act_dim)).astype(np.float32)
+    def _act(self, obs: np.ndarray, t: int, columns: slice = slice(None)) -> np.ndarray:
+        """The actions for obs [B, ...] (sub-envs `columns` at step t), behaviour log-probs recorded if asked."""
+        return self._finish_act(self._launch_act(obs, t, columns))
+
+    def _launch_act(self, obs: np.ndarray, t: int, columns: slice) -> "PendingAct":
+        """Start the policy forward for obs: on a GPU it is only queued, and its results are copied into pinned
+        host memory behind it, so the caller can step other sub-envs while it runs (`_finish_act` waits)."""
+        if not self.behaviour and self.env_steps < self.random_steps:
+            random = self.rng.uniform(self.action_low, self.action_high, size=(obs.shape[0], self.act_dim))
+            return PendingAct({"action": random.astype(np.float32)}, None, t, columns)
         with torch.no_grad():
-            action = self.policy.act(self._tensor(obs))
-        return action.cpu().numpy()
+            if self.behaviour:
+                action, logprob = self.policy.sample_with_logprob(self._tensor(obs))
+                outputs = {"action": self.policy.to_env(action), "logprob": logprob}
+                if "sampled_action" in self.behaviour:
+                    outputs["sampled_action"] = action.reshape(obs.shape[0], -1)
+            else:
+                outputs = {"action": self.policy.act(self._tensor(obs))}
+        if self.device.type != "cuda":
+            return PendingAct({k: v.numpy() for k, v in outputs.items()}, None, t, columns)
+        host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v, non_blocking=True)
+                for k, v in outputs.items()}
+        event = torch.cuda.Event()
+        event.record()
+        return PendingAct(host, event, t, columns)
+
+    def _finish_act(self, pending: "PendingAct") -> np.ndarray:
+        if pending.event is not None:
+            pending.event.synchronize()
+        outputs = {k: v if isinstance(v, np.ndarray) else v.numpy() for k, v in pending.outputs.items()}
+        for key, array in self.behaviour.items():
+            array[pending.t, pending.columns] = outputs[key]
+        return outputs["action"]
 
     def _tensor(self, obs: np.ndarray) -> torch.Tensor:
         """[B, ...] observations → [B, obs_dim] float32 on the policy's device."""
         return torch.as_tensor(obs).to(self.device, non_blocking=True).reshape(obs.shape[0], -1).float()
-
-    def _act_recording(self, obs: np.ndarray, t: int) -> np.ndarray:
-        with torch.no_grad():
-            action, logprob = self.policy.sample_with_logprob(self._tensor(obs))
-        self.behaviour["logprob"][t] = logprob.cpu().numpy()
-        if "sampled_action" in self.behaviour:
-            self.behaviour["sampled_action"][t] = action.reshape(obs.shape[0], -1).cpu().numpy()
-        return self.policy.to_env(action).cpu().numpy()
 
     def collect(self, steps: int) -> dict[str, np.ndarray]:
         """Load the newest weights handed over, then act `steps` (≤ chunk_steps) vector steps from where the last
@@ -232,25 +251,66 @@ class EnvRunner:
             self.env.reset_into(rows)
         else:  # the last chunk's final obs is where this one starts
             rows.obs[0] = rows.obs[self._carry_row]
-        for t in range(steps):
-            with self.stages.timing("act"):
-                rows.action[t] = self._act(rows.obs[t], t).reshape(rows.action[t].shape)
-            self._step(rows, t)
+        if self.env.groups == 1:
+            for t in range(steps):
+                with self.stages.timing("act"):
+                    rows.action[t] = self._act(rows.obs[t], t).reshape(rows.action[t].shape)
+                self._step(rows, t)
+        else:
+            self._collect_overlapped(rows, steps)
         self._carry_row = steps
         # [steps, envs, ...] → [steps * envs, ...] (a view): the labelers and the buffer see flat transitions.
         chunk = {key: flat(getattr(rows, key)[:steps]) for key in (*CHUNK_FIELDS, *self.needs)}
         return chunk | {key: flat(array[:steps]) for key, array in self.behaviour.items()}
 
-    def _step(self, rows: StepBuffers, t: int) -> None:
-        """One vector step into row t; its time goes to "render" (the frames) and "step" (the rest)."""
+    def _collect_overlapped(self, rows: StepBuffers, steps: int) -> None:
+        """Double buffering over the env's groups (Sample Factory's): the forward for the next group (the next step's
+        first group after the last) is launched before this group steps, so on a GPU it runs while the CPU steps;
+        with worker processes the step is begun first and the forward runs while the workers step. Row t of a
+        group is acted on once that group's step t - 1 has ended; the transitions are those of groups=1 (same seeds)."""
+        columns, order = self.env.columns, [(t, g) for t in range(steps) for g in range(self.env.groups)]
+        with self.stages.timing("act"):
+            pending = self._launch_act(rows.obs[0, columns[0]], 0, columns[0])
+        for i, (t, g) in enumerate(order):
+            with self.stages.timing("act"):
+                rows.action[t, columns[g]] = self._finish_act(pending).reshape(rows.action[t, columns[g]].shape)
+            if self.env.steps_elsewhere:
+                self._timed_step(lambda: self.env.begin_step(rows, t, g))
+            if i + 1 < len(order):
+                next_t, h = order[i + 1]
+                if self.env.stepping(h):  # its last step (at next_t - 1) has to end before it is acted on
+                    self._end_group_step(h)
+                with self.stages.timing("act"):
+                    pending = self._launch_act(rows.obs[next_t, columns[h]], next_t, columns[h])
+            if not self.env.steps_elsewhere:
+                self._timed_step(lambda: self.env.begin_step(rows, t, g))
+                self._end_group_step(g)
+        for g in range(self.env.groups):
+            if self.env.stepping(g):
+                self._end_group_step(g)
+
+    def _end_group_step(self, group: int) -> None:
+        returns, lengths = self._timed_step(lambda: self.env.end_step(group))
+        self._count_step(returns, lengths, self.env.columns[group].stop - self.env.columns[group].start)
+
+    def _timed_step(self, work):
+        """work() (stepping sub-envs); its time goes to "render" (the frames) and "step" (the rest)."""
         started, rendered_before = time.perf_counter(), self.env.render_s
-        returns, lengths = self.env.step_into(rows, t)
+        result = work()
         rendered = self.env.render_s - rendered_before
         self.stages.add("render", rendered)
         self.stages.add("step", time.perf_counter() - started - rendered)
+        return result
+
+    def _step(self, rows: StepBuffers, t: int) -> None:
+        """One vector step into row t."""
+        returns, lengths = self._timed_step(lambda: self.env.step_into(rows, t))
+        self._count_step(returns, lengths, self.env.num_envs)
+
+    def _count_step(self, returns: list[float], lengths: list[int], envs: int) -> None:
         self.finished_returns.extend(returns)
         self.finished_lengths.extend(lengths)
-        self.env_steps += self.env.num_envs
+        self.env_steps += envs
 
     def run(self, max_env_steps: int, first_seq: int = 0, incarnation: int = 0, random_steps: int | None = None) -> dict:
         """Act until `max_env_steps` (this runner's share) or stop(); returns this runner's totals.
@@ -308,6 +368,17 @@ class EnvRunner:
         return {**self.totals(), "pid": os.getpid(), "episode_returns": returns, "episode_lengths": lengths,
                 "stage_s": self.stages.snapshot(), "policy_version": self.weights.version,
                 "in_flight": len(self.in_flight)}
+
+
+@dataclass
+class PendingAct:
+    """A policy forward launched for sub-envs `columns` at step t: its outputs (host arrays, or pinned tensors being
+    filled until `event` fires) — "action", and the behaviour fields when the runner records them."""
+
+    outputs: dict
+    event: "torch.cuda.Event | None"
+    t: int
+    columns: slice
 
 
 # What every chunk carries; a reward model's needs (frames) and an actor-learner's behaviour log-probs come on top.

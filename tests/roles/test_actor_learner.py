@@ -44,9 +44,17 @@ def make_learner(cfg, *overrides):
     return learner, runner
 
 
-def test_chunks_carry_behaviour_logprobs_of_the_actions_taken(cartpole):
+@pytest.mark.parametrize("groups", [1, 2])
+def test_chunks_carry_behaviour_logprobs_of_the_actions_taken(cartpole, groups):
+    """Also with double buffering (groups=2): each half's log-probs land in its own columns."""
     cfg, runner = cartpole
+    if groups > 1:
+        as_dict = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
+        runner = EnvRunner(0, as_dict(cfg.env) | {"groups": groups}, as_dict(cfg.model.actor), ["env_reward"], None,
+                           0, STEPS, 2, 0, behaviour=True)
     meta, chunk = labeled_chunk(runner, 0, 1)
+    if groups > 1:
+        runner.close()
     assert chunk["logprob"].shape == (STEPS * ENVS,) and chunk["action"].dtype == np.int64
     with torch.no_grad():  # the runner acted with its policy: log μ(a|s) is that policy's, step by step
         recomputed = runner.policy.distribution(torch.as_tensor(chunk["obs"])).log_prob(torch.as_tensor(chunk["action"]))

@@ -25,9 +25,10 @@ def runner(env_cfg: dict, needs=("env_reward", "frames"), frame_size=16, random_
                      random_steps=random_steps, threads=1)
 
 
-def two_chunks(workers: int) -> list[dict]:
-    """Two chunks (the second shorter) of a fresh runner acting with its policy; copies, as ray.put makes them."""
-    acting = runner({**HALFCHEETAH, "workers": workers})
+def two_chunks(workers: int, groups: int = 1, random_steps: int = 0) -> list[dict]:
+    """Two chunks (the second shorter) of a fresh runner acting with its policy (or at random for random_steps);
+    copies, as ray.put makes them."""
+    acting = runner({**HALFCHEETAH, "workers": workers, "groups": groups}, random_steps=random_steps)
     chunks = [{k: v.copy() for k, v in acting.collect(steps).items()} for steps in (CHUNK_STEPS, 2)]
     acting.close()
     return chunks
@@ -60,6 +61,16 @@ def test_worker_processes_give_the_chunks_of_one_process():
         assert chunk_alone.keys() == chunk_split.keys()
         for key in chunk_alone:
             np.testing.assert_array_equal(chunk_split[key], chunk_alone[key], err_msg=key)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_double_buffered_groups_give_the_chunks_of_one_group(workers):
+    """groups=2 (one half's forward while the other half steps) changes the order of the work, not the transitions:
+    random actions draw the same numbers in the same order, so the chunks match groups=1 exactly."""
+    alone, grouped = two_chunks(0, random_steps=10**6), two_chunks(workers, groups=2 if workers else 3, random_steps=10**6)
+    for chunk_alone, chunk_grouped in zip(alone, grouped):
+        for key in chunk_alone:
+            np.testing.assert_array_equal(chunk_grouped[key], chunk_alone[key], err_msg=key)
 
 
 def test_stage_times_grow_with_collecting():
