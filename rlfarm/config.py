@@ -174,6 +174,7 @@ def validate(cfg: DictConfig) -> None:
     check_paths(cfg)
     if cfg.algo.family == "offpolicy":
         check_env_id(str(cfg.env.id), cfg.env.get("kwargs"))
+        check_learner_ranks(cfg)
     if "batch_chunks" in cfg.algo:
         check_actor_learner(cfg)
     if cfg.algo.family == "onpolicy_env":
@@ -207,6 +208,22 @@ def check_fitted_reward(cfg: DictConfig) -> None:
 ENV_REWARD = "rlfarm.rewards.env.EnvReward"
 
 
+def check_learner_ranks(cfg: DictConfig) -> None:
+    """Several learner ranks off-policy: only an actor-learner has them (SAC's replay learner is one process), and
+    each rank needs runners of its own (runner i feeds rank i mod N)."""
+    ranks = int(OmegaConf.select(cfg, "topology.roles.learner.count", default=1))
+    if ranks <= 1:
+        return
+    if "batch_chunks" not in cfg.algo:
+        raise ConfigError(f"algo={cfg.algo.name} has one learner, but topology.roles.learner.count={ranks}",
+                          "set topology.roles.learner.count=1 (data-parallel learner ranks: algo=impala|appo)")
+    runners = int(OmegaConf.select(cfg, "topology.roles.env_runner.count", default=1))
+    if runners < ranks:
+        raise ConfigError(f"{ranks} learner ranks need at least as many env runners (runner i feeds rank i mod "
+                          f"{ranks}), got topology.roles.env_runner.count={runners}",
+                          f"set topology.roles.env_runner.count>={ranks}")
+
+
 def check_actor_learner(cfg: DictConfig) -> None:
     """IMPALA / APPO: one actor-critic network, and batches the runners' credits can fill (a chunk's credit returns
     only once a batch took it: fewer chunks in flight than a batch would wait forever)."""
@@ -215,10 +232,13 @@ def check_actor_learner(cfg: DictConfig) -> None:
                           f"{'a language model' if 'actor' not in cfg.model else 'an actor with separate critics'}",
                           "use model=actor_critic (or model=cnn_actor_critic for image observations)")
     runners = int(OmegaConf.select(cfg, "topology.roles.env_runner.count", default=1))
-    in_flight = runners * int(cfg.algo.credits)
+    ranks = int(OmegaConf.select(cfg, "topology.roles.learner.count", default=1))
+    per_rank = runners // ranks  # the fewest runners a rank has (runner i feeds rank i mod N)
+    in_flight = per_rank * int(cfg.algo.credits)
     if int(cfg.algo.batch_chunks) > in_flight:
+        who = f"{runners} env runners" if ranks == 1 else f"{per_rank} env runners per learner rank"
         raise ConfigError(f"algo.batch_chunks={cfg.algo.batch_chunks} is more than the {in_flight} chunks the runners "
-                          f"can have in flight ({runners} env runners × algo.credits={cfg.algo.credits})",
+                          f"can have in flight ({who} × algo.credits={cfg.algo.credits})",
                           f"set algo.batch_chunks <= {in_flight}, or raise algo.credits")
 
 

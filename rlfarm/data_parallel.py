@@ -121,3 +121,24 @@ def shard_rows(rows: torch.Tensor, rank: int, world_size: int) -> tuple[torch.Te
     weights = torch.zeros(size, device=rows.device)
     weights[:len(mine)] = 1.0
     return torch.cat([mine, rows[:1].expand(size - len(mine))]), weights
+
+
+def average_gradients(parameters: list[nn.Parameter], world_size: int) -> None:
+    """Average the parameters' gradients over the default group in one all-reduce (flattened): what DDP does during
+    backward, for a model whose loss does not go through its forward (an actor-critic's evaluate/value). A parameter
+    without a gradient joins as zeros, so every rank reduces the same flat layout."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for p, g in zip(parameters, grads):
+        p.grad = flat[offset:offset + g.numel()].view_as(g)
+        offset += g.numel()
+
+
+def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
+    """Every rank takes rank `src`'s weights (and buffers): the ranks start identical whatever their seeds did."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor.data, src)

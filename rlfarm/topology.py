@@ -94,8 +94,9 @@ def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
             raise TopologyError(f"topology.roles.{role}.count must be at least 1, got {spec.get('count')!r}",
                                 f"set topology.roles.{role}.count=1 or more")
         count = _role_field(role, spec, "count", 1, float)
-        # On-policy, learner count N > 1 = N data-parallel ranks (rlfarm/roles/learner_group.py), one GPU each.
-        single = role == "learner" and family != "onpolicy"
+        # Learner count N > 1 = N data-parallel ranks, one GPU each: on-policy (rlfarm/roles/learner_group.py) and the
+        # off-policy actor-learners (rlfarm/roles/actor_learner.py; config.py refuses them for SAC).
+        single = role == "learner" and family not in ("onpolicy", "offpolicy")
         if count != int(count) or (single and count != 1):
             raise TopologyError(f"topology.roles.{role}.count must be a whole number{' equal to 1' if single else ''}, got {count:g}",
                                 f"set topology.roles.{role}.count={'1' if single else '<int>'}")

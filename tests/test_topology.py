@@ -40,7 +40,8 @@ def test_cluster_too_small_is_one_line():
     (lambda t: t["roles"]["labeler"].update(pool="nope"), "names pool 'nope'"),
     (lambda t: t["roles"]["env_runner"].update(count=-1), "must be at least 1"),
     (lambda t: t["roles"]["env_runner"].update(gpus=0.5), "has no pool"),
-    (lambda t: t["roles"]["learner"].update(count=2), "equal to 1"),
+    (lambda t: t["roles"]["learner"].update(count=2), "ask for 2 GPUs but the pool has 1"),  # ranks: a GPU each
+    (lambda t: t["roles"]["learner"].update(count=1.5), "must be a whole number"),
     (lambda t: t["pools"]["reward"].update(gpus=1.5), "whole number"),
     (lambda t: t["roles"].pop("labeler"), "has no role 'labeler'"),
 ])

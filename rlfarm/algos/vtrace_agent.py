@@ -11,7 +11,7 @@ the next state inside a chunk; the last step's, and a truncated step's (its fina
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,6 +139,8 @@ class VTraceAgent:
         on_cuda = self.device.type == "cuda"
         self._autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cfg.bf16 and on_cuda \
             else contextlib.nullcontext
+        # Data-parallel ranks set this: averages the gradients over the ranks after each backward.
+        self.average_gradients: Callable[[list[nn.Parameter]], None] | None = None
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.actor.state_dict().items()}
@@ -157,6 +159,8 @@ class VTraceAgent:
             loss, parts = self.loss(groups)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if self.average_gradients is not None:
+                self.average_gradients(list(self.actor.parameters()))
             parts["grad_norm"] = nn.utils.clip_grad_norm_(self.actor.parameters(), self.cfg.max_grad_norm)
             self.optimizer.step()
         return {k: v.detach() for k, v in parts.items()}

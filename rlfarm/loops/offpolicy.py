@@ -43,7 +43,7 @@ STALLED_FLUSHES = 2      # the tail's flush gives up after this many role_timeou
 # and the policy lag of the chunks its batches took (weight versions), with what the lag bound dropped.
 LEARNER_METRICS = ("critic_loss", "actor_loss", "alpha", "entropy", "policy_loss", "value_loss", "clip_fraction",
                    "rho_mean", "grad_norm", "policy_lag_mean", "policy_lag_max", "chunks_dropped_lag",
-                   "transitions_dropped_lag")
+                   "transitions_dropped_lag", "learner_ranks")
 
 
 class OffPolicyLoop(PeriodicCheckpoints):
@@ -338,7 +338,7 @@ class OffPolicyLoop(PeriodicCheckpoints):
             return
         incarnation = worker.incarnation + 1
         if worker.kind == "labeler":
-            self._ask(worker.actor.set_learner.remote(roles.learner, incarnation), "set_learner", who=worker.name)
+            self._ask(worker.actor.set_learner.remote(roles.learner_ranks, incarnation), "set_learner", who=worker.name)
             worker.done = worker.actor.run.remote()
             runners = sup.of("env_runner")
             resent = sum(ask([(r.name, r.actor.redispatch.remote(worker.index)) for r in runners], "redispatch",
@@ -471,7 +471,7 @@ class OffPolicyLoop(PeriodicCheckpoints):
                 "episodes", "episode_return_mean", "duplicates", "policy_version", "worker_restarts")
         unlabeled = row["transitions_produced"] - row["transitions_labeled"] - row["transitions_quarantined"]
         target = {} if self.target is None else {"target_return": self.target, "reached_target": self._reached_target}
-        dropped = {k: row[k] for k in ("transitions_dropped_lag",) if k in row}
+        dropped = {k: row[k] for k in ("transitions_dropped_lag", "learner_ranks") if k in row}
         return {k: row[k] for k in keys} | target | dropped | {"transitions_unlabeled": max(unlabeled, 0),
                                              "wall_s": round(self.progress.wall_s, 2), "restarts": self.progress["epoch"],
                                              "startup_s": startup_s(self._first_step_at),

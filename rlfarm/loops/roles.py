@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 from hydra.utils import instantiate
@@ -26,13 +26,19 @@ LEARNERS = {"sac": SACLearner, "impala": ActorLearner, "appo": ActorLearner}
 
 @dataclass
 class OffPolicyRoles:
-    learner: ray.actor.ActorHandle
+    learner: ray.actor.ActorHandle  # rank 0 when the learner has data-parallel ranks: it speaks for them
     runners: list[ray.actor.ActorHandle]
     labelers: list[ray.actor.ActorHandle]
+    learner_peers: list[ray.actor.ActorHandle] = field(default_factory=list)  # ranks 1..N-1
+
+    @property
+    def learner_ranks(self) -> list[ray.actor.ActorHandle]:
+        """Where the labelers deliver (runner i's chunks to rank i mod N)."""
+        return [self.learner, *self.learner_peers]
 
     @property
     def all(self) -> list[ray.actor.ActorHandle]:
-        return [self.learner, *self.runners, *self.labelers]
+        return [*self.learner_ranks, *self.runners, *self.labelers]
 
     def kill(self) -> None:
         for actor in self.all:
@@ -71,10 +77,9 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
     if "frames" in needs:
         warn_if_the_farm_would_starve(cfg, len(plan.of("env_runner")), len(plan.of("labeler")))
     spaces = env_spaces(as_dict(cfg.env))  # before any actor: a bad env fails here, in one line
-    (learner_place,) = plan.of("learner")  # started first: it takes longest to build
     learner_class = LEARNERS[str(algo.name)]
-    learner = ray.remote(learner_class).options(**placed.options(learner_place), max_concurrency=CONCURRENCY).remote(
-        as_dict(algo), as_dict(cfg.model), spaces, int(cfg.seed), learner_place.threads)
+    ranks = start_learner_ranks(learner_class, placed, (as_dict(algo), as_dict(cfg.model), spaces, int(cfg.seed)))
+    learner = ranks[0]
     runner_places = plan.of("env_runner")
     random_steps = -(-int(algo.get("learning_starts", 0)) // len(runner_places))
     behaviour = learner_class is ActorLearner  # V-trace needs log μ(a|s) of every action
@@ -88,11 +93,32 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
             p.index, as_dict(cfg.reward), int(cfg.labeler.bus_items), float(cfg.labeler.bus_timeout_s), p.threads,
             quarantine_dir)
         for p in plan.of("labeler")]
-    wired = {"learner": learner.set_runners.remote(runners),
+    wired = {**{f"learner rank {i}": rank.set_runners.remote(runners) for i, rank in enumerate(ranks)},
              **{f"env_runner {i}": r.set_labelers.remote(labelers) for i, r in enumerate(runners)},
-             **{f"labeler {i}": l.set_learner.remote(learner) for i, l in enumerate(labelers)}}
+             **{f"labeler {i}": l.set_learner.remote(ranks) for i, l in enumerate(labelers)}}
     wait_until_started(wired, float(cfg.run.restart_timeout_s))
-    return OffPolicyRoles(learner, runners, labelers)
+    if len(ranks) > 1:
+        join_learner_ranks(ranks, float(cfg.run.restart_timeout_s))
+    return OffPolicyRoles(learner, runners, labelers, ranks[1:])
+
+
+def start_learner_ranks(learner_class: type, placed: PlacedTopology, args: tuple) -> list[ray.actor.ActorHandle]:
+    """The learner (started first: it takes longest to build); with `topology.roles.learner.count` N > 1 (an
+    actor-learner, checked at preflight), N data-parallel ranks, one GPU each (rlfarm/roles/actor_learner.py)."""
+    places = placed.plan.of("learner")
+    ranks_args = {} if len(places) == 1 else lambda p: {"rank": p.index, "world_size": len(places)}
+    return [ray.remote(learner_class).options(**placed.options(p), max_concurrency=CONCURRENCY).remote(
+                *args, p.threads, **(ranks_args(p) if ranks_args else {}))
+            for p in places]
+
+
+def join_learner_ranks(ranks: list[ray.actor.ActorHandle], timeout_s: float) -> None:
+    """One process group for the ranks (rank 0 serves the rendezvous), then rank 0 learns of the others."""
+    address = ray.get(ranks[0].open_data_parallel.remote(), timeout=timeout_s)
+    gpu_ids = ray.get([rank.join_data_parallel.remote(address) for rank in ranks], timeout=timeout_s)
+    if any(gpu >= 0 for gpu in gpu_ids) and len(set(gpu_ids)) < len(ranks):  # NCCL needs one GPU per rank
+        raise RuntimeError(f"data-parallel learner ranks share a GPU (Ray gave them GPUs {gpu_ids})")
+    ray.get(ranks[0].set_peers.remote(ranks[1:]), timeout=timeout_s)
 
 
 def wait_until_started(calls: dict[str, ray.ObjectRef], timeout_s: float) -> None:

@@ -7,22 +7,39 @@ ahead of the learner. Policy lag (how many weight versions the learner published
 when a batch takes a chunk: a chunk more than `max_policy_lag` versions old is dropped, counted, and its credit
 returned, so every trained-on chunk is within the bound. Storage, acks, publication and checkpoints are the farm
 learners' shared machinery (rlfarm/roles/chunk_learner.py); queued chunks are not checkpointed (a resume starts
-with fresh ones: on-policy data from an old policy is what V-trace corrects least well)."""
+with fresh ones: on-policy data from an old policy is what V-trace corrects least well).
+
+Data-parallel ranks (`topology.roles.learner.count` = N > 1, one GPU each): N of these actors, rank r the learner of
+the runners whose index is r mod N (labelers route each chunk there), each with its own queue, acks and weights out.
+They train in lockstep: before each burst they agree (a gloo all-reduce) on the updates every one of them has full
+batches for, and each update's gradients are averaged over the ranks (one flat all-reduce, NCCL on GPUs), so the
+weights stay identical and one update trains on N batches. Rank 0 is the learner the loop sees: it starts and stops
+the others, reports their counts with its own, and checkpoints their counters beside the shared weights. Stopping, a
+rank's leftover chunks (fewer than a batch, or batches another rank cannot match) are acked untrained."""
 from __future__ import annotations
 
 from collections import deque
 
 import numpy as np
+import ray
+import torch
+import torch.distributed as dist
 from hydra.utils import instantiate
 
 from rlfarm.algos.vtrace_agent import BatchStaging, VTraceAgent, VTraceConfig, trajectories
+from rlfarm.data_parallel import average_gradients, broadcast_parameters, join_data_parallel
 from rlfarm.roles.chunk_learner import ChunkLearner
-from rlfarm.roles.common import assigned_device, limit_threads, seed_everything
+from rlfarm.roles.common import assigned_device, limit_threads, seed_everything, serve_rendezvous_here
+
+PEER_TIMEOUT_S = 60.0  # rank 0 asking another rank for its stats or checkpoint part (each answers between bursts)
+# Counts the ranks report apart and rank 0 reports summed (the rest of a metrics row is rank 0's own).
+SUMMED = ("stored", "duplicates", "duplicate_transitions", "quarantined", "buffer_size", "owed", "chunks_dropped_lag",
+          "transitions_dropped_lag")
 
 
 class ActorLearner(ChunkLearner):
     def __init__(self, algo_cfg: dict, model_cfg: dict, spaces: dict, seed: int, threads: int = 1,
-                 device: str | None = None):
+                 device: str | None = None, rank: int = 0, world_size: int = 1):
         limit_threads(threads)
         seed_everything(seed)
         self.device = device or assigned_device()
@@ -36,6 +53,62 @@ class ActorLearner(ChunkLearner):
         self.dropped_chunks = self.dropped_transitions = 0
         self._lags: list[int] = []  # of the chunks batches took since the last stats()
         self.staging = BatchStaging(self.agent.device)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.peers: list = []  # rank 0: the other ranks' handles
+        self._control: dist.ProcessGroup | None = None  # world_size > 1: the gloo group the ranks agree through
+        self._rendezvous = None
+
+    # -- data-parallel ranks --------------------------------------------------------------------------
+    def open_data_parallel(self) -> str:
+        """Rank 0: serve the group's rendezvous; returns the address the other ranks join."""
+        self._rendezvous, address = serve_rendezvous_here(self.world_size)
+        return address
+
+    def join_data_parallel(self, address: str) -> int:
+        """Join the group (every rank at once), take rank 0's weights, average gradients from now on. Returns the GPU
+        Ray gave this rank (-1: none), so the caller can check that no two ranks share one."""
+        join_data_parallel(self._rendezvous if self.rank == 0 else address, self.rank, self.world_size,
+                           self.agent.device)
+        self._control = dist.new_group(backend="gloo")  # per-burst agreement on the host: no GPU sync for it
+        broadcast_parameters(self.agent.actor)
+        self.agent.average_gradients = lambda parameters: average_gradients(parameters, self.world_size)
+        gpu_ids = ray.get_gpu_ids() if ray.is_initialized() else []
+        return int(gpu_ids[0]) if gpu_ids else -1
+
+    def set_peers(self, peers: list) -> None:
+        """Rank 0: the other ranks, which it starts, stops, reports and checkpoints with itself."""
+        self.peers = list(peers)
+
+    def run(self) -> dict:
+        peer_runs = [peer.run.remote() for peer in self.peers]
+        result = super().run()
+        self._release_leftovers()
+        if peer_runs:
+            ray.get(peer_runs, timeout=PEER_TIMEOUT_S)  # they leave the loop in the same iteration as this rank
+        return result
+
+    def stop(self) -> None:
+        super().stop()
+        for peer in self.peers:
+            peer.stop.remote()
+
+    def _plan(self, owed: int) -> tuple[int, bool]:
+        """One rank: the shared rule. N ranks: the burst every rank has batches for, and done once all are stopping
+        with nothing arriving and no burst left in common (one all-reduce, so all decide alike in the same iteration)."""
+        if self._control is None:
+            return super()._plan(owed)
+        mine = torch.tensor([self._burst(owed), int(self._stop.is_set() and self.inbox.empty())])
+        dist.all_reduce(mine, op=dist.ReduceOp.MIN, group=self._control)
+        burst, all_stopping = int(mine[0]), bool(mine[1])
+        return burst, all_stopping and burst == 0
+
+    def _release_leftovers(self) -> None:
+        """Chunks still queued when the loop ended (N ranks: no common batch left for them): their credits go back."""
+        while self.queue:
+            meta, _ = self.queue.popleft()
+            self.queued -= meta["size"]
+            self.unacked.append((meta["runner"], meta["seq"], self.updates))
+        self._ack_paid()
 
     def _take(self, meta: dict, chunk: dict) -> None:
         self.queue.append((meta, chunk))
@@ -43,9 +116,10 @@ class ActorLearner(ChunkLearner):
         return None  # acked once a batch takes it (or drops it)
 
     def _updates_owed(self) -> int:
-        """Full batches waiting; stopping, what is left makes one last, smaller batch."""
+        """Full batches waiting; stopping, what is left makes one last, smaller batch (one rank only: N ranks train
+        on batches of one size, the gradient average assumes it)."""
         owed = len(self.queue) // self.batch_chunks
-        return owed if owed or not self._stop.is_set() else min(len(self.queue), 1)
+        return owed if owed or not self._stop.is_set() or self.world_size > 1 else min(len(self.queue), 1)
 
     def _update(self, n: int) -> None:
         for _ in range(n):
@@ -79,12 +153,65 @@ class ActorLearner(ChunkLearner):
                 "policy_lag_mean": float(np.mean(lags)) if lags else None,
                 "policy_lag_max": int(max(lags)) if lags else None}
 
-    def _agent_snapshot(self, with_buffer: bool) -> dict:
-        return {**super()._agent_snapshot(with_buffer), "dropped": [self.dropped_chunks, self.dropped_transitions]}
+    def _counters(self) -> dict:
+        return {**super()._counters(), "dropped": [self.dropped_chunks, self.dropped_transitions]}
 
-    def _agent_restore(self, state: dict) -> None:
-        super()._agent_restore(state)
-        self.dropped_chunks, self.dropped_transitions = (int(x) for x in state.get("dropped", (0, 0)))
+    def _restore(self, state: dict, counters: dict | None = None) -> None:
+        super()._restore(state, counters)
+        self.dropped_chunks, self.dropped_transitions = (int(x) for x in (counters or state).get("dropped", (0, 0)))
         self.queue.clear()
         self.queued = 0
+
+    # -- rank 0 speaks for all ----------------------------------------------------------------------
+    def stats(self) -> dict:
+        mine = super().stats()
+        if not self.peers:
+            return mine
+        return merge_rank_stats(mine, ray.get([peer.stats.remote() for peer in self.peers], timeout=PEER_TIMEOUT_S))
+
+    def _snapshot_outside_loop(self) -> dict:
+        if not self.peers:
+            return {}
+        return {"ranks": ray.get([peer.rank_counters.remote() for peer in self.peers], timeout=PEER_TIMEOUT_S)}
+
+    def rank_counters(self) -> dict:
+        """Another rank's part of rank 0's checkpoint: its counters at its next burst boundary."""
+        return self._at_burst_boundary(self._counters)
+
+    def load(self, path: str) -> dict:
+        extra = super().load(path)
+        if self.peers:
+            ray.get([peer.load_rank.remote(path) for peer in self.peers], timeout=PEER_TIMEOUT_S)
+        return extra
+
+    def load_rank(self, path: str) -> None:
+        """Another rank resumes: rank 0's weights and optimizer, its own counters (none from a run with fewer ranks)."""
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        parts = state.get("ranks") or []
+        counters = parts[self.rank - 1] if self.rank - 1 < len(parts) else \
+            {"stored": 0, "duplicates": 0, "quarantined": 0, "stored_ids": []}
+        self._at_burst_boundary(lambda: self._restore(state, counters))
+
+
+def merge_rank_stats(lead: dict, others: list[dict]) -> dict:
+    """Rank 0's stats with the other ranks' counts added: transitions stored, settled per runner and delivered per
+    labeler, queued, dropped; the worst policy lag. Losses, stage times and progress are rank 0's (the ranks move in
+    lockstep: one that stalls stalls rank 0)."""
+    merged = dict(lead)
+    everyone = [lead, *others]
+    for key in SUMMED:
+        if key in lead:
+            merged[key] = sum(s.get(key) or 0 for s in everyone)
+    for key in ("settled_by_runner", "delivered_by_labeler"):
+        total: dict = {}
+        for s in everyone:
+            for k, v in s[key].items():
+                total[k] = total.get(k, 0) + v
+        merged[key] = total
+    lags = [s["policy_lag_max"] for s in everyone if s.get("policy_lag_max") is not None]
+    means = [s["policy_lag_mean"] for s in everyone if s.get("policy_lag_mean") is not None]
+    merged["policy_lag_max"] = max(lags) if lags else None
+    merged["policy_lag_mean"] = float(np.mean(means)) if means else None
+    merged["learner_ranks"] = len(everyone)
+    return merged
 

@@ -105,6 +105,10 @@ class ChunkLearner:
         """Updates to run now."""
         return min(owed, self.max_burst) if owed > 0 else 0
 
+    def _plan(self, owed: int) -> tuple[int, bool]:
+        """(updates to run now, whether the loop is done: stopped with nothing owed and nothing arriving)."""
+        return self._burst(owed), self._stop.is_set() and owed <= 0 and self.inbox.empty()
+
     @property
     def max_burst(self) -> int:
         """Updates between two looks at the inbox and the requests."""
@@ -131,15 +135,14 @@ class ChunkLearner:
             while True:
                 self._timed("checkpoint", self._serve_requests)
                 stored = self._timed("store", self._drain_inbox)
-                owed = self._updates_owed()
-                burst = self._burst(owed)
+                burst, finished = self._plan(self._updates_owed())
                 if burst:
                     self.update_burst(burst)
                 self._timed("publish", self._ack_paid)
                 if burst or stored:
                     self.last_progress_at = time.time()
                 if not burst:
-                    if self._stop.is_set() and owed <= 0 and self.inbox.empty():
+                    if finished:
                         break
                     self._wait_for_data()
         finally:
@@ -300,15 +303,22 @@ class ChunkLearner:
         this thread, mid-update, and says so (state["mid_update"])."""
         state = self._at_burst_boundary(lambda: self._snapshot(with_buffer), SAVE_SNAPSHOT_WAIT_S,
                                         late=lambda: {**self._snapshot(with_buffer), "mid_update": True})
+        state.update(self._snapshot_outside_loop())
         state["extra"] = dict(extra or {})
         return save_atomic(state, path)
 
+    def _snapshot_outside_loop(self) -> dict:
+        """What a checkpoint adds from the calling thread, not the update loop (another process's state: asking for
+        it from inside the loop could wait on a peer that waits on this loop)."""
+        return {}
+
     def _snapshot(self, with_buffer: bool) -> dict:
-        return {**self._agent_snapshot(with_buffer), "stored": self.stored, "updates": self.updates,
-                "version": self.version, "duplicates": self.duplicates,
-                "quarantined": self.quarantined_transitions,
-                "stored_ids": [list(i) for i in sorted(self.stored_ids)],
-                "torch_rng": torch.get_rng_state()}
+        return {**self._agent_snapshot(with_buffer), **self._counters(), "torch_rng": torch.get_rng_state()}
+
+    def _counters(self) -> dict:
+        """The shared counters a checkpoint holds (and the ids of the chunks stored)."""
+        return {"stored": self.stored, "updates": self.updates, "version": self.version, "duplicates": self.duplicates,
+                "quarantined": self.quarantined_transitions, "stored_ids": [list(i) for i in sorted(self.stored_ids)]}
 
     def load(self, path: str) -> dict:
         """Restore a checkpoint written by `save` (weights_only: no code runs from the file). Returns `extra`.
@@ -317,11 +327,13 @@ class ChunkLearner:
         self._at_burst_boundary(lambda: self._restore(state))
         return state["extra"]
 
-    def _restore(self, state: dict) -> None:
+    def _restore(self, state: dict, counters: dict | None = None) -> None:
+        """The agent from `state`; the counters from `counters` (default: the state's own)."""
+        counters = state if counters is None else counters
         self._agent_restore(state)
-        self.stored, self.updates, self.version = int(state["stored"]), int(state["updates"]), int(state["version"])
-        self.duplicates, self.quarantined_transitions = int(state["duplicates"]), int(state["quarantined"])
-        self.stored_ids = {tuple(i) for i in state["stored_ids"]}
+        self.stored, self.updates, self.version = int(counters["stored"]), int(state["updates"]), int(state["version"])
+        self.duplicates, self.quarantined_transitions = int(counters["duplicates"]), int(counters["quarantined"])
+        self.stored_ids = {tuple(i) for i in counters["stored_ids"]}
         torch.set_rng_state(state["torch_rng"].cpu())
         self._publish_now()  # runners act with the restored policy from their first chunk
 

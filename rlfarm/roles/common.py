@@ -1,4 +1,5 @@
-"""Helpers shared by role actors: device choice from what Ray assigned, thread limits, seeding."""
+"""Helpers shared by role actors: device choice from what Ray assigned, thread limits, seeding, a process group's
+rendezvous."""
 from __future__ import annotations
 
 import os
@@ -36,3 +37,15 @@ def save_atomic(state: dict, path: str) -> str:
     """A checkpoint, whole or not at all, with its sha256 sidecar that resume and eval verify
     (rlfarm/checkpoint_files.py)."""
     return write_checkpoint(state, path)
+
+
+def serve_rendezvous_here(world_size: int):
+    """A process group's rendezvous store served by this actor on a free port, and the "host:port" the other members
+    join (rlfarm.sync.serve_rendezvous on this node's address)."""
+    import ray
+
+    from rlfarm.sync import serve_rendezvous
+
+    host = ray.util.get_node_ip_address()
+    store = serve_rendezvous(world_size, host=host)
+    return store, f"{host}:{store.port}"

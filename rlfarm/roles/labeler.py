@@ -42,7 +42,7 @@ class Labeler:
         self.model = instantiate(reward_cfg)
         self.model.setup(self.device)
         self.bus = Bus(bus_items, bus_timeout_s)
-        self.learner = None
+        self.learners: list = []
         self.incarnation = 0
         self._stop = threading.Event()
         self.quarantine_dir = Path(quarantine_dir) if quarantine_dir else None
@@ -56,9 +56,20 @@ class Labeler:
         self.lag_count = 0
 
     def set_learner(self, learner, incarnation: int = 0) -> None:
-        """`incarnation` counts this labeler's restarts; deliveries carry it so the learner can tell the
-        driver what a labeler did before it died."""
-        self.learner, self.incarnation = learner, incarnation
+        """`learner`: the learner, or its data-parallel ranks (a list: runner i's chunks go to rank i mod N).
+        `incarnation` counts this labeler's restarts; deliveries carry it so the learner can tell the driver what a
+        labeler did before it died."""
+        self.learners = list(learner) if isinstance(learner, (list, tuple)) else [learner]
+        self.incarnation = incarnation
+
+    def _deliver(self, method: str, items: list) -> None:
+        """learner.<method>(items), each item (a meta, or a (meta, chunk) pair) to the rank of its runner."""
+        by_rank: dict[int, list] = {}
+        for item in items:
+            meta = item[0] if isinstance(item, tuple) else item
+            by_rank.setdefault(meta["runner"] % len(self.learners), []).append(item)
+        for rank, part in by_rank.items():
+            getattr(self.learners[rank], method).remote(part)
 
     def submit(self, meta: dict, chunk: dict) -> None:
         """Ray resolves the chunk ref before this runs, so the data is already local (zero-copy)."""
@@ -123,7 +134,7 @@ class Labeler:
         if bad:
             for (meta, chunk), error in bad:
                 self._quarantine(meta, chunk, error)
-            self.learner.quarantined.remote([meta for (meta, _), _ in bad])
+            self._deliver("quarantined", [meta for (meta, _), _ in bad])
 
     def _quarantine(self, meta: dict, chunk: dict, error: str) -> None:
         self.quarantined += meta["size"]
@@ -146,7 +157,7 @@ class Labeler:
             out.append(({**meta, "labeled_at": labeled_at, "labeled_by": (self.index, self.incarnation)}, labeled))
             self.lag_sum_s += labeled_at - meta["produced_at"]
             self.lag_count += 1
-        self.learner.store.remote(out)
+        self._deliver("store", out)
         self.labeled += start
         self.batches += 1
 

@@ -42,9 +42,9 @@ from rlfarm.envs.text_tasks import DigitTokenizer, TextTaskSpec, text_task, text
 from rlfarm.models.lm import causal_lm, compute_dtype, trainable_state_dict
 from rlfarm.rewards.rollouts import score_rollout
 from rlfarm.rewards.verifiers import get_verifier
-from rlfarm.roles.common import assigned_device, limit_threads, save_atomic
+from rlfarm.roles.common import assigned_device, limit_threads, save_atomic, serve_rendezvous_here
 from rlfarm.roles.value_critic import ValueCritic
-from rlfarm.sync import HostSender, PassThroughReceiver, WeightReceiver, WeightSender, load_into, serve_rendezvous
+from rlfarm.sync import HostSender, PassThroughReceiver, WeightReceiver, WeightSender, load_into
 from rlfarm.sync.transport import open_receiver, open_sender, uses_group
 
 
@@ -56,13 +56,6 @@ def _policy(cfg: GRPOConfig, lora: bool = True) -> torch.nn.Module:
     if isinstance(cfg.model, str):  # model.source: a pretrained model, sized by its own config
         return causal_lm(cfg.model, lora=adapters)
     return causal_lm({**cfg.model, "vocab_size": DigitTokenizer().vocab_size}, lora=adapters)
-
-
-def _serve_rendezvous(world_size: int) -> tuple[dist.TCPStore, str]:
-    """A process group's rendezvous store served by this actor, and the "host:port" the other members join."""
-    host = ray.util.get_node_ip_address()
-    store = serve_rendezvous(world_size, host=host)
-    return store, f"{host}:{store.port}"
 
 
 def gpu_location() -> tuple[str, int]:
@@ -233,7 +226,7 @@ class LMLearner:
         """A publishing rank (rank 0; under IPC each rank sharing an engine's GPU), once: start the weight sync to
         `engines` engines by `transport`. Returns the address they join (`EngineRole.open_sync`) when the
         transport is a process group (None otherwise)."""
-        rendezvous, address = _serve_rendezvous(1 + engines) if uses_group(transport) else (None, None)
+        rendezvous, address = serve_rendezvous_here(1 + engines) if uses_group(transport) else (None, None)
         if self.rank and is_sharded(self.model):  # its gathered tensors were dropped (`_gather`)
             raise ValueError("under FSDP only learner rank 0 publishes weights")
         self._sync = (transport, 1 + engines, rendezvous)
@@ -263,7 +256,7 @@ class LMLearner:
 
     def open_data_parallel(self) -> str:
         """Rank 0: serve the data-parallel group's rendezvous on a free port; returns the address the others join."""
-        self._dp_rendezvous, address = _serve_rendezvous(self.world_size)
+        self._dp_rendezvous, address = serve_rendezvous_here(self.world_size)
         return address
 
     def join_data_parallel(self, address: str) -> int:
