@@ -231,6 +231,9 @@ def check_actor_learner(cfg: DictConfig) -> None:
         raise ConfigError(f"algo={cfg.algo.name} needs one actor-critic network in model.actor, not "
                           f"{'a language model' if 'actor' not in cfg.model else 'an actor with separate critics'}",
                           "use model=actor_critic (or model=cnn_actor_critic for image observations)")
+    if cfg.algo.loss == "impala" and int(cfg.algo.get("target_update_every", 0)):
+        raise ConfigError("algo.target_update_every anchors APPO's clip to a target network; IMPALA's loss has no clip",
+                          "use algo=appo, or set algo.target_update_every=0")
     runners = int(OmegaConf.select(cfg, "topology.roles.env_runner.count", default=1))
     ranks = int(OmegaConf.select(cfg, "topology.roles.learner.count", default=1))
     per_rank = runners // ranks  # the fewest runners a rank has (runner i feeds rank i mod N)

@@ -111,6 +111,8 @@ class ActorLearnerSchema(AlgoSchema):
     epochs: int
     bf16: bool
     target_return: Optional[float]
+    target_update_every: int = 0  # appo: 0 clips π/μ (the runners' policy); K > 0 clips π/π_target, refreshed every K updates
+    compile: bool = False  # torch.compile the learner's forward (one compile per batch shape)
 
 
 @dataclass

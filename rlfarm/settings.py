@@ -34,7 +34,7 @@ RANGES = {
                      "rho_bar", "c_bar"),
                     POSITIVE),
     **dict.fromkeys(("learning_starts", "vf_coef", "ent_coef", "kl_coef", "clip_low", "clip_high", "max_staleness",
-                     "max_policy_lag"),
+                     "max_policy_lag", "target_update_every"),
                     NON_NEGATIVE),
     **dict.fromkeys(("gamma", "gae_lambda", "lam", "top_p", "accuracy_low", "accuracy_high"), FRACTION),
     "is_cap": (">= 1", lambda v: v >= 1),

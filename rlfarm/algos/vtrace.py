@@ -73,13 +73,18 @@ def impala_loss(logprobs: torch.Tensor, entropy: torch.Tensor, values: torch.Ten
     return loss, {"policy_loss": policy.detach(), "value_loss": value.detach(), "entropy": bonus.detach()}
 
 
-def appo_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, entropy: torch.Tensor, values: torch.Tensor,
+def appo_loss(logprobs: torch.Tensor, anchor_logprobs: torch.Tensor, entropy: torch.Tensor, values: torch.Tensor,
               trace: VTrace, clip: float = 0.1, value_coef: float = 0.5, entropy_coef: float = 0.01,
-              mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """APPO: PPO's clipped surrogate on the ratio π/μ against the runner's policy, with V-trace's advantages (taken
-    without ρ, which the clip already bounds) and value targets."""
-    advantages = trace.advantages / trace.clipped_rho.clamp(min=1e-8)
-    ratio = torch.exp(logprobs - behaviour_logprobs)
+              mask: torch.Tensor | None = None, anchored_to_target: bool = False
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """APPO: PPO's clipped surrogate on the ratio π/anchor, with V-trace's advantages and value targets.
+
+    anchor = μ, the runner's policy (Sample Factory): the advantages are taken without ρ, which the clip already bounds.
+    anchor = π_target, a target network refreshed every K updates (RLlib's APPO; `anchored_to_target`): `trace` is
+    V-trace with π_target as its target policy, and its advantages keep ρ = min(ρ̄, π_target/μ), the weight that takes
+    the runners' actions to π_target's, whose neighbourhood the clip keeps π in."""
+    advantages = trace.advantages if anchored_to_target else trace.advantages / trace.clipped_rho.clamp(min=1e-8)
+    ratio = torch.exp(logprobs - anchor_logprobs)
     surrogate = torch.minimum(ratio * advantages, ratio.clamp(1.0 - clip, 1.0 + clip) * advantages)
     policy = masked_mean(-surrogate, mask)
     value = masked_mean(0.5 * (trace.values - values) ** 2, mask)

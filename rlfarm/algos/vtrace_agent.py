@@ -11,6 +11,7 @@ the next state inside a chunk; the last step's, and a truncated step's (its fina
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -41,6 +42,8 @@ class VTraceConfig:
     max_grad_norm: float = 40.0
     epochs: int = 1               # gradient steps per batch (V-trace keeps each one's targets correct)
     bf16: bool = True             # autocast the forward to bf16 on CUDA (the losses stay in float32)
+    target_update_every: int = 0  # appo: 0 clips π/μ; K > 0 clips π/π_target, a copy refreshed every K updates
+    compile: bool = False         # torch.compile the forward (one compile per batch shape)
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -141,16 +144,28 @@ class VTraceAgent:
             else contextlib.nullcontext
         # Data-parallel ranks set this: averages the gradients over the ranks after each backward.
         self.average_gradients: Callable[[list[nn.Parameter]], None] | None = None
+        # APPO's optional target network: the policy the clip is anchored to, refreshed every target_update_every steps
+        self.target = copy.deepcopy(self.actor).requires_grad_(False) if cfg.target_update_every else None
+        self.steps = 0  # gradient steps so far (the target's clock)
+        # The forward through π and V of a batch, compiled when asked (dynamic=False: batches of batch_chunks full
+        # chunks all have one shape; another, e.g. a run's last shorter chunks, compiles once more, up to dynamo's
+        # limit of shapes, then runs eager).
+        self._evaluate = torch.compile(self.actor.evaluate, dynamic=False) if cfg.compile else self.actor.evaluate
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.actor.state_dict().items()}
 
     def state_dict(self) -> dict:
-        return {"actor": self.actor.state_dict(), "optimizer": self.optimizer.state_dict()}
+        target = {} if self.target is None else {"target": self.target.state_dict()}
+        return {"actor": self.actor.state_dict(), "optimizer": self.optimizer.state_dict(), "steps": self.steps,
+                **target}
 
     def load_state_dict(self, state: dict) -> None:
         self.actor.load_state_dict(state["actor"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state.get("steps", 0))
+        if self.target is not None:
+            self.target.load_state_dict(state.get("target", state["actor"]))
 
     def update(self, groups: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """`cfg.epochs` gradient steps on the batch (groups from `trajectories`). Returns the last step's parts."""
@@ -163,6 +178,9 @@ class VTraceAgent:
                 self.average_gradients(list(self.actor.parameters()))
             parts["grad_norm"] = nn.utils.clip_grad_norm_(self.actor.parameters(), self.cfg.max_grad_norm)
             self.optimizer.step()
+            self.steps += 1
+            if self.target is not None and self.steps % self.cfg.target_update_every == 0:
+                self.target.load_state_dict(self.actor.state_dict())
         return {k: v.detach() for k, v in parts.items()}
 
     def loss(self, groups: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -180,19 +198,30 @@ class VTraceAgent:
     def _group_loss(self, g: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         steps, envs = g["reward"].shape
         flat_obs = _network_input(g["obs"].reshape(steps * envs, -1))
+        flat_actions = g["action"].reshape(steps * envs, *g["action"].shape[2:])
         with self._autocast():
-            logprob, entropy, value = self.actor.evaluate(flat_obs, g["action"].reshape(steps * envs, *g["action"].shape[2:]))
+            logprob, entropy, value = self._evaluate(flat_obs, flat_actions)
         logprob, entropy, value = (x.float().reshape(steps, envs) for x in (logprob, entropy, value))
         next_values = self._next_values(g, value.detach())
-        trace = vtrace(g["logprob"].float(), logprob.detach(), g["reward"].float(), value.detach(), next_values,
-                       g["terminated"], g["truncated"], self.cfg.gamma, self.cfg.rho_bar, self.cfg.c_bar, self.cfg.lam)
+        anchor = self._target_logprob(flat_obs, flat_actions).reshape(steps, envs) if self.target is not None \
+            else None
+        trace = vtrace(g["logprob"].float(), logprob.detach() if anchor is None else anchor, g["reward"].float(),
+                       value.detach(), next_values, g["terminated"], g["truncated"], self.cfg.gamma, self.cfg.rho_bar,
+                       self.cfg.c_bar, self.cfg.lam)
         if self.cfg.loss == "impala":
             loss, parts = impala_loss(logprob, entropy, value, trace, self.cfg.vf_coef, self.cfg.ent_coef)
         else:
-            loss, parts = appo_loss(logprob, g["logprob"].float(), entropy, value, trace, self.cfg.clip_eps,
-                                    self.cfg.vf_coef, self.cfg.ent_coef)
+            loss, parts = appo_loss(logprob, g["logprob"].float() if anchor is None else anchor, entropy, value, trace,
+                                    self.cfg.clip_eps, self.cfg.vf_coef, self.cfg.ent_coef,
+                                    anchored_to_target=anchor is not None)
         parts["rho_mean"] = trace.clipped_rho.mean()
         return loss, parts
+
+    @torch.no_grad()
+    def _target_logprob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        with self._autocast():
+            logprob, _, _ = self.target.evaluate(obs, actions)
+        return logprob.float()
 
     @torch.no_grad()
     def _next_values(self, g: dict[str, torch.Tensor], value: torch.Tensor) -> torch.Tensor:

@@ -84,3 +84,20 @@ def test_appo_clips_a_ratio_that_left_the_trust_region():
                             torch.zeros(1, 1, dtype=torch.float64), trace, clip=0.1)
     loss.backward()
     assert far.grad.abs().item() == 0.0 and stats["clip_fraction"] == 1.0  # clipped: no push further
+
+
+def test_appo_anchored_to_a_target_clips_around_the_target_not_the_runner():
+    """With a target network the clip is on π/π_target and the advantage keeps ρ = min(ρ̄, π_target/μ) (it takes the
+    runner's action to π_target's). Here π = π_target = μ/2 and the action was bad: against μ the ratio 0.5 is far
+    outside the trust region (clipped: no gradient); against the target it is 1, so π still learns to avoid it."""
+    behaviour, target = column(0.0), column(math.log(0.5))
+    trace = vtrace(behaviour, target, column(-1.0), column(0.0), column(0.0), torch.zeros(1, 1), torch.zeros(1, 1), GAMMA)
+    assert trace.clipped_rho.item() == pytest.approx(0.5) and trace.advantages.item() == pytest.approx(-0.5)
+    logprobs = target.clone().requires_grad_(True)
+    zeros = torch.zeros(1, 1, dtype=torch.float64)
+    anchored, stats = appo_loss(logprobs, target, zeros, zeros, trace, anchored_to_target=True)
+    (grad_anchored,) = torch.autograd.grad(anchored, logprobs)
+    on_mu, stats_mu = appo_loss(logprobs, behaviour, zeros, zeros, trace)
+    (grad_mu,) = torch.autograd.grad(on_mu, logprobs)
+    assert grad_anchored.item() == pytest.approx(0.5) and stats["clip_fraction"] == 0.0  # −ρA · ratio = 0.5 · 1
+    assert grad_mu.item() == 0.0 and stats_mu["clip_fraction"] == 1.0

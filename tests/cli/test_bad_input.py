@@ -191,6 +191,8 @@ CASES = [
                  "2 learner ranks need at least as many env runners", id="impala-more-ranks-than-runners"),
     pytest.param(["train", "algo=appo", "env=cartpole", "env.groups=3", "env.num_envs=8", "env.workers=2"],
                  "groups", id="groups-not-dividing-workers"),
+    pytest.param(["train", "algo=impala", "env=cartpole", "algo.target_update_every=4"],
+                 "algo.target_update_every anchors APPO's clip", id="impala-with-a-target-network"),
     pytest.param(["train", "algo=impala", "algo.loss=vtrace"], "algo.loss must be one of impala|appo",
                  id="impala-unknown-loss"),
     pytest.param(["train", "algo=appo", "env=atari", "model=cnn_actor_critic", "env.kwargs.game=Pongg"],

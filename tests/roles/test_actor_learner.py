@@ -136,3 +136,24 @@ def test_chunks_of_two_lengths_train_in_one_batch(cartpole):
     learner._store(chunks)
     learner._update(1)
     assert learner.updates == 1 and np.isfinite(float(learner._last_metrics["policy_loss"]))
+
+
+def test_appo_target_network_is_refreshed_every_k_steps_and_checkpointed(cartpole, tmp_path):
+    cfg, runner = cartpole
+    appo = compose("train", ["algo=appo", "env=cartpole", f"env.num_envs={ENVS}", f"algo.chunk_steps={STEPS}"])
+    learner, _ = make_learner(appo, "batch_chunks=1", "epochs=1", "target_update_every=2")
+    agent = learner.agent
+    initial = {k: v.clone() for k, v in agent.actor.state_dict().items()}
+    same = lambda a, b: all(torch.equal(a[k], b[k]) for k in a)  # noqa: E731
+    learner._store([labeled_chunk(runner, 0, 1)])
+    learner._update(1)
+    assert same(agent.target.state_dict(), initial) and not same(agent.actor.state_dict(), initial)  # 1 step: kept
+    learner._store([labeled_chunk(runner, 1, 1)])
+    learner._update(1)
+    assert same(agent.target.state_dict(), agent.actor.state_dict())  # step 2: refreshed
+    learner._store([labeled_chunk(runner, 2, 1)])
+    learner._update(1)
+    restored, _ = make_learner(appo, "batch_chunks=1", "epochs=1", "target_update_every=2")
+    restored.load(learner.save(str(tmp_path / "t.pt")))
+    assert restored.agent.steps == 3 and same(restored.agent.target.state_dict(), agent.target.state_dict())
+    assert not same(restored.agent.target.state_dict(), restored.agent.actor.state_dict())
