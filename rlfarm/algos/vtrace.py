@@ -47,11 +47,7 @@ def vtrace(behaviour_logprobs: torch.Tensor, target_logprobs: torch.Tensor, rewa
         bootstrap = 1.0 - terminated
         continues = 1.0 - torch.maximum(terminated, truncated)
         deltas = rho * (rewards + gamma * bootstrap * next_values - values)
-        corrections = torch.zeros_like(values)  # v_t − V(x_t)
-        carried = torch.zeros_like(values[0])
-        for t in reversed(range(values.shape[0])):
-            carried = deltas[t] + gamma * c[t] * continues[t] * carried
-            corrections[t] = carried
+        corrections = discounted_sums(deltas, gamma * c * continues)  # v_t − V(x_t)
         targets = values + corrections
         # v'_{t+1}: the next step's target inside an episode; past a done step, or past the chunk, V itself
         following = torch.cat([targets[1:], next_values[-1:]])
@@ -59,6 +55,22 @@ def vtrace(behaviour_logprobs: torch.Tensor, target_logprobs: torch.Tensor, rewa
         next_targets[-1] = next_values[-1]
         advantages = rho * (rewards + gamma * bootstrap * next_targets - values)
     return VTrace(targets, advantages, rho)
+
+
+def discounted_sums(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """y_t = x_t + factors_t · y_{t+1} (y_T = 0) over the time axis of [T, N] tensors, in a few kernels rather than
+    a Python loop of T steps (the loop's kernel launches were a learner's host-side cost): y_t = Σ_{s≥t} G[t, s] x_s
+    with G[t, s] = Π_{t≤k<s} factors_k, each product taken directly (a cumulative product per start t, [N, T, T]),
+    not as a ratio of running products, which a zero factor (an episode end) would turn into 0/0."""
+    steps = x.shape[0]
+    later = torch.ones(steps, steps, dtype=torch.bool, device=x.device).triu(1)  # [t, k]: k > t
+    # [N, t, k] = factors_k for k ≥ t, 1 before t; its cumulative product over k is Π_{t≤k'≤k} factors_k'
+    running = torch.where(later | torch.eye(steps, dtype=torch.bool, device=x.device), factors.T[:, None, :], 1.0)
+    products = torch.cumprod(running, dim=2)
+    # G[t, s] = Π_{t≤k<s}: the product up to s − 1 (1 on the diagonal), 0 below it
+    weights = torch.cat([torch.ones_like(products[..., :1]), products[..., :-1]], dim=2) * (later | torch.eye(
+        steps, dtype=torch.bool, device=x.device))
+    return torch.einsum("nts,sn->tn", weights, x)
 
 
 def impala_loss(logprobs: torch.Tensor, entropy: torch.Tensor, values: torch.Tensor, trace: VTrace,

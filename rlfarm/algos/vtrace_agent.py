@@ -57,24 +57,34 @@ class VTraceConfig:
 
 class BatchStaging:
     """Host → device for the learner's batches. On CUDA each field is gathered from the chunks straight into a pinned
-    buffer of its own (kept and reused) and copied without blocking, so the GPU is not held up by a pageable copy and
-    the host writes a field again only once its last copy has left (an event per buffer). On CPU: plain arrays."""
+    buffer of its own (kept and reused) and copied without blocking: a pageable copy would make the host wait for the
+    GPU to finish the previous update first (it runs in stream order), so host and GPU would take turns. Each field
+    has two buffers used in turn (`next_batch` flips them), and the host writes one again only once its last copy has
+    left (an event per buffer): the host can gather a batch while the GPU still trains on the one before. On CPU: plain
+    arrays."""
+
+    SLOTS = 2
 
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
-        self._buffers: dict[str, tuple[torch.Tensor, torch.cuda.Event | None]] = {}
+        self._buffers: dict[tuple[str, int], tuple[torch.Tensor, torch.cuda.Event | None]] = {}
+        self._slot = 0
+
+    def next_batch(self) -> None:
+        """The next batch's fields go to the other set of buffers."""
+        self._slot = (self._slot + 1) % self.SLOTS
 
     def host(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
         """A host tensor of `shape` to fill (through `.numpy()`) and then `upload`."""
         if self.device.type != "cuda":
             return torch.from_numpy(np.empty(shape, dtype))
         size = int(np.prod(shape))
-        buffer, copied = self._buffers.get(key, (None, None))
+        buffer, copied = self._buffers.get((key, self._slot), (None, None))
         if copied is not None:
             copied.synchronize()  # its last copy to the device has finished
         if buffer is None or buffer.numel() < size or buffer.numpy().dtype != np.dtype(dtype):
-            buffer = torch.from_numpy(np.empty(size, dtype)).pin_memory()
-            self._buffers[key] = (buffer, None)
+            buffer = torch.from_numpy(np.empty(max(size, 1), dtype)).pin_memory()
+            self._buffers[(key, self._slot)] = (buffer, None)
         return buffer[:size].view(shape)
 
     def upload(self, key: str, host: torch.Tensor) -> torch.Tensor:
@@ -83,8 +93,14 @@ class BatchStaging:
         on_device = host.to(self.device, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        self._buffers[key] = (self._buffers[key][0], event)
+        self._buffers[(key, self._slot)] = (self._buffers[(key, self._slot)][0], event)
         return on_device
+
+    def stage(self, key: str, array: np.ndarray) -> torch.Tensor:
+        """One array (already gathered) to the device through its pinned buffer."""
+        host = self.host(key, array.shape, array.dtype)
+        host.numpy()[...] = array
+        return self.upload(key, host)
 
 
 def trajectories(chunks: list[tuple[dict, dict]], staging: BatchStaging | torch.device | str
@@ -95,6 +111,7 @@ def trajectories(chunks: list[tuple[dict, dict]], staging: BatchStaging | torch.
     (`lookup_t`, `lookup_n`)."""
     if not isinstance(staging, BatchStaging):
         staging = BatchStaging(staging)
+    staging.next_batch()
     by_length: dict[int, list[tuple[int, dict]]] = {}
     for meta, chunk in chunks:
         envs = int(meta["envs"])
@@ -124,10 +141,9 @@ def _group(steps: int, parts: list[tuple[int, dict]], staging: BatchStaging) -> 
         times.append(t)
         columns.append(n + at)
         at += envs
-    device = staging.device
-    group["lookup_t"] = torch.from_numpy(np.concatenate(times)).to(device)
-    group["lookup_n"] = torch.from_numpy(np.concatenate(columns)).to(device)
-    group["lookup_obs"] = torch.from_numpy(np.concatenate(rows)).to(device)
+    group["lookup_t"] = staging.stage(f"{steps}/lookup_t", np.concatenate(times))
+    group["lookup_n"] = staging.stage(f"{steps}/lookup_n", np.concatenate(columns))
+    group["lookup_obs"] = staging.stage(f"{steps}/lookup_obs", np.concatenate(rows))
     return group
 
 

@@ -16,10 +16,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlfarm.algos.vtrace_agent import VTraceAgent, VTraceConfig
+from rlfarm.algos.vtrace_agent import BatchStaging, VTraceAgent, VTraceConfig, trajectories
 from rlfarm.bench.common import median_rate, sizes
 from rlfarm.models.conv_actor_critic import ConvActorCritic
 
@@ -37,7 +38,8 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
         if device == "cpu" and (bool(variant.compile) or bool(variant.bf16)):
             continue  # CPU: autocast is CUDA-only (the row would be fp32 again), and inductor takes minutes on CI
         compiled = bool(variant.compile)
-        rate, updates = measure_one(size, device, bf16=bool(variant.bf16), compile=compiled)
+        rate, updates = measure_one(size, device, bf16=bool(variant.bf16), compile=compiled,
+                                    from_host=bool(variant.get("from_host", False)))
         rows.append({"case": str(variant.case), "value": rate, "unit": UNIT, "updates_per_s": updates,
                      "baseline": None if not rows else rows[0]["case"], **common})
         log.info("%s: %.0f transitions/s (%.1f updates/s)", variant.case, rate, updates)
@@ -75,15 +77,19 @@ def build(size: DictConfig, device: str, bf16: bool, compile: bool, seed: int = 
     return agent, [{k: v.to(device) for k, v in group.items()}]
 
 
-def measure_one(size: DictConfig, device: str, bf16: bool, compile: bool) -> tuple[float, float]:
-    """(transitions/s, updates/s) of one learner; a compiled one is warmed up (compiled) before the timing."""
+def measure_one(size: DictConfig, device: str, bf16: bool, compile: bool, from_host: bool = False
+                ) -> tuple[float, float]:
+    """(transitions/s, updates/s) of one learner; a compiled one is warmed up (compiled) before the timing.
+    from_host: every update starts from the chunks in host memory, as the role's do (`trajectories`: gathered into
+    pinned buffers, uploaded, V-trace's lookups picked), so the row shows what the host side adds to the GPU's work."""
     agent, groups = build(size, device, bf16, compile)
     updates = int(size.updates)
     batch = groups[0]["reward"].numel()
+    chunks, staging = host_chunks(groups[0], size), BatchStaging(device)
 
     def work() -> None:
         for _ in range(updates):
-            agent.update(groups)
+            agent.update(trajectories(chunks, staging) if from_host else groups)
 
     started = time.perf_counter()
     work()  # warm-up (and compile), not timed
@@ -91,6 +97,19 @@ def measure_one(size: DictConfig, device: str, bf16: bool, compile: bool) -> tup
              time.perf_counter() - started)
     rate = median_rate(work, updates, device, int(size.repeats), warmup=0)
     return rate * batch, rate
+
+
+def host_chunks(group: dict[str, torch.Tensor], size: DictConfig) -> list[tuple[dict, dict]]:
+    """The batch as `batch_chunks` labeled chunks in host memory (flat [T·N, ...] numpy arrays, as they arrive)."""
+    steps, envs = int(size.chunk_steps), int(size.envs)
+    fields = {k: group[k].cpu().numpy() for k in ("obs", "action", "logprob", "reward", "terminated", "truncated")}
+    chunks = []
+    for i in range(int(size.batch_chunks)):
+        part = {k: np.ascontiguousarray(v[:, i * envs:(i + 1) * envs]).reshape(steps * envs, *v.shape[2:])
+                for k, v in fields.items()}
+        part["next_obs"] = part["obs"].copy()
+        chunks.append(({"envs": envs, "size": steps * envs}, part))
+    return chunks
 
 
 def measure_ranks(size: DictConfig, device: str, ranks: int) -> tuple[float, float]:

@@ -101,3 +101,19 @@ def test_appo_anchored_to_a_target_clips_around_the_target_not_the_runner():
     (grad_mu,) = torch.autograd.grad(on_mu, logprobs)
     assert grad_anchored.item() == pytest.approx(0.5) and stats["clip_fraction"] == 0.0  # −ρA · ratio = 0.5 · 1
     assert grad_mu.item() == 0.0 and stats_mu["clip_fraction"] == 1.0
+
+
+def test_discounted_sums_equal_the_backward_loop_across_episode_ends():
+    """The vectorized recursion y_t = x_t + f_t y_{t+1} against the plain loop, zero factors (episode ends) included."""
+    from rlfarm.algos.vtrace import discounted_sums
+
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(32, 5, generator=generator, dtype=torch.float64)
+    factors = torch.rand(32, 5, generator=generator, dtype=torch.float64)
+    factors[7, 1] = factors[20] = 0.0
+    expected, carried = torch.zeros_like(x), torch.zeros(5, dtype=torch.float64)
+    for t in reversed(range(32)):
+        carried = x[t] + factors[t] * carried
+        expected[t] = carried
+    torch.testing.assert_close(discounted_sums(x, factors), expected)
+    assert torch.equal(discounted_sums(x, factors)[20], x[20])  # a zero factor cuts the sum after its step
