@@ -193,7 +193,8 @@ class GymEnvSchema(Ranged):
     # Keeps rendering off GPUs that are busy with something else, e.g. the reward model's (docs/benchmarks.md).
     render_gpus: Optional[list[int]] = None
     # Double buffering: the sub-envs in `groups` groups, one group's policy forward overlapping another's step
-    # (rlfarm/envs/vector.py, roles/env_runner.py). 2 pays when the forward is a real share of a step (a GPU policy).
+    # (rlfarm/envs/vector.py, roles/env_runner.py). It hides the forward's host-side time (with env.workers, the whole
+    # step); it cannot hide a GPU that many runners time-share (Atari on 4x H200: 0.49x vs 0.55x, docs/benchmarks.md).
     groups: int = 1
 
     def __post_init__(self) -> None:
