@@ -180,6 +180,10 @@ class GRPOVLASchema(GroupPolicySchema):
     accuracy_high: float
     pipeline: bool
     target_success: Optional[float]
+    # With an engine role in the topology: its batching inference server fires at this many observations or this long
+    # after a batch's first request (rlfarm/roles/vla_server.py)
+    server_max_batch: int = 256
+    server_max_wait_ms: float = 5.0
 
 
 @dataclass

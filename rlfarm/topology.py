@@ -20,6 +20,9 @@ ROLE_NAMES = ("learner", "env_runner", "labeler", "engine")
 FAMILY_ROLES = {"offpolicy": ("learner", "env_runner", "labeler"), "onpolicy": ("learner", "engine", "labeler"),
                 "onpolicy_env": ("learner", "env_runner"),
                 "vla": ("learner", "env_runner")}  # VLA GRPO: env runners play groups with a policy copy (rlfarm/loops/vla.py)
+# Roles a family places when the topology lists them: the VLA family's engine is a batching inference server the rollout
+# workers share (rlfarm/roles/vla_server.py); without one, each worker infers with its own policy copy.
+OPTIONAL_ROLES = {"vla": ("engine",)}
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
     for role, spec in roles.items():
         if role not in ROLE_NAMES:
             raise TopologyError(f"unknown role '{role}' in topology '{name}'", f"roles are {', '.join(ROLE_NAMES)}")
-        if role not in FAMILY_ROLES[family]:
+        if role not in FAMILY_ROLES[family] and role not in OPTIONAL_ROLES.get(family, ()):
             continue
         if not isinstance(spec.get("count", 1), (int, float)) or spec.get("count", 1) < 1:
             raise TopologyError(f"topology.roles.{role}.count must be at least 1, got {spec.get('count')!r}",

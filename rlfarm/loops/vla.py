@@ -22,12 +22,14 @@ from rlfarm.errors import ConfigError
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
 from rlfarm.roles.vla import VLALearner, VLARolloutWorker
+from rlfarm.roles.vla_server import VLAInferenceServer
 from rlfarm.run import Run
 from rlfarm.settings import known_fields
 from rlfarm.topology import PlacedTopology
 
 log = logging.getLogger("rlfarm")
 SUCCESS_WINDOW = 10  # summary success_rate: mean over the last 10 updates' rollouts
+SERVER_CALLS = 64  # concurrent sample() calls a server takes (each waits for its batch): two per worker, with room
 TIME_KEYS = ("rollout_s", "env_s", "infer_s", "overlap_s", "update_s", "step_s", "env_steps_per_s")
 
 
@@ -73,6 +75,12 @@ class VLALoop(SyncLoop):
         shapes = ray.get(self.workers[0].shapes.remote())  # sizes the learner's policy without an env of its own
         self.learner = ray.remote(VLALearner).options(**placed.options(learner)).remote(self.vla, shapes,
                                                                                       learner.threads)
+        # An engine role: batching inference servers the workers share (worker i → server i mod S)
+        self.servers = [ray.remote(VLAInferenceServer).options(**placed.options(p), max_concurrency=SERVER_CALLS).remote(
+                            self.vla, shapes, int(cfg.algo.server_max_batch), float(cfg.algo.server_max_wait_ms),
+                            p.threads) for p in plan.of("engine")]
+        ray.get([w.set_server.remote(self.servers[i % len(self.servers)]) for i, w in enumerate(self.workers)]
+                if self.servers else [])
         self.title = f"rlfarm · simplevla · {cfg.env.id} · {cfg.topology.name}"
         self.target = cfg.algo.target_success
         self.weights = None  # the ref of the newest published weights
@@ -83,12 +91,14 @@ class VLALoop(SyncLoop):
     def _warm_up(self) -> None:
         self.weights = self.learner.publish.remote()
         ray.get([self.weights, *(w.load_weights.remote(None) for w in self.workers)])
+        self._server_stats = [{"busy_s": 0.0, "wall_s": 0.0, "batches": 0, "observations": 0} for _ in self.servers]
 
     def _step(self) -> dict:
         """One cycle: collect (workers) → update (learner) → publish; the workers' stats, the learner's metrics
         and the stages' wall times."""
         started = time.monotonic()
         seeds = self._seeds(self.progress["updates"] + 1)
+        ray.get([server.load_weights.remote(self.weights) for server in self.servers])  # before any worker asks
         collected = [w.collect.options(num_returns=2).remote(self.weights, s) for w, s in zip(self.workers, seeds)]
         stats = ray.get([s for _, s in collected])                                       # 1. rollouts
         rolled = time.monotonic()
@@ -97,7 +107,17 @@ class VLALoop(SyncLoop):
         ray.wait([self.weights], fetch_local=False)
         done = time.monotonic()
         return {"stats": stats, "learner": metrics, "rollout_s": rolled - started, "update_s": done - rolled,
-                "step_s": done - started}
+                "step_s": done - started, "servers": self._server_deltas()}
+
+    def _server_deltas(self) -> dict:
+        """Since the last step, over all servers: mean observations per batch and the policy thread's busy share."""
+        if not self.servers:
+            return {}
+        now = ray.get([server.stats.remote() for server in self.servers])
+        before, self._server_stats = self._server_stats, now
+        delta = {k: sum(n[k] - b[k] for n, b in zip(now, before)) for k in ("busy_s", "wall_s", "batches", "observations")}
+        return {"server_batch_mean": delta["observations"] / max(delta["batches"], 1),
+                "server_busy": delta["busy_s"] / max(delta["wall_s"], 1e-9)}
 
     def _seeds(self, update: int) -> list[list[int]]:
         """Initial-state seeds of this update, one list per worker; distinct across updates and runs."""
@@ -123,7 +143,8 @@ class VLALoop(SyncLoop):
         row = {"updates": update, "env_steps": progress["env_steps"], "samples": progress["episodes"],
                "wall_s": round(wall, 3), "success_rate_mean": success, "reward": metrics["success_rate"],
                "reward_mean": success, "inference_calls": slowest["inference_calls"],
-               "inference_busy": slowest["infer_s"] / max(slowest["rollout_s"], 1e-9), **timing, **metrics}
+               "inference_busy": slowest["infer_s"] / max(slowest["rollout_s"], 1e-9), **timing, **metrics,
+               **cycle["servers"]}
         if update % 10 == 0 or update == 1:
             log.info("update %d success %.3f (last %d: %.3f) entropy %.2f kept %.2f rollout %.2fs (env %.2fs, "
                      "inference %.2fs, overlap %.2fs) wall %.0fs", update, metrics["success_rate"],
@@ -139,4 +160,5 @@ class VLALoop(SyncLoop):
                 "wall_s": round(progress.wall_s, 2), "target_success": target,
                 "reached_target": bool(target is not None and success >= target),
                 "target_reward": target, "pipeline": self.vla.pipeline, "rollout_workers": len(self.workers),
+                "inference_servers": len(self.servers),
                 "median": progress.timing_medians()}

@@ -61,6 +61,14 @@ def build_policy(cfg: VLAConfig, shapes: dict[str, int]) -> TinyVLA | HFVLAActio
                     image_size=shapes["image_size"], bins=cfg.bins, **cfg.model)
 
 
+def load_trainable(policy, state: dict[str, torch.Tensor]) -> None:
+    """The learner's published tensors into a rollout copy of the policy. The learner sends its trainable tensors only
+    (the adapters, under LoRA); the rest is the same on both sides: the same checkpoint or the same seed built it."""
+    unexpected = policy.load_state_dict(state, strict=False).unexpected_keys
+    if unexpected:
+        raise KeyError(f"rollout policy has no tensor {unexpected[0]!r} ({len(unexpected)} unknown names)")
+
+
 def policy_inputs(policy: TinyVLA, images, instructions, proprios, device="cpu"):
     """Stacked observation fields → the three tensors the policy reads."""
     return (torch.as_tensor(np.stack(images), device=device),
@@ -83,6 +91,7 @@ class VLARolloutWorker:
         self.generator = torch.Generator(self.device).manual_seed(cfg.seed * 7919 + index)
         self.env_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-group")
         self.weights = HeldWeights()
+        self.server = None  # set_server: a batching inference server samples the actions instead of self.policy
 
     def shapes(self) -> dict[str, int]:
         return self.policy_shapes
@@ -92,16 +101,19 @@ class VLARolloutWorker:
         self.weights.load_newer(weights, self._load_trainable)
 
     def _load_trainable(self, state: dict[str, torch.Tensor]) -> None:
-        # The learner sends its trainable tensors only (the adapters, under LoRA); the rest is the same
-        # on both sides: the same checkpoint or the same seed built it.
-        unexpected = self.policy.load_state_dict(state, strict=False).unexpected_keys
-        if unexpected:
-            raise KeyError(f"rollout policy has no tensor {unexpected[0]!r} ({len(unexpected)} unknown names)")
+        load_trainable(self.policy, state)
+
+    def set_server(self, server) -> None:
+        """Infer through this VLAInferenceServer (rlfarm/roles/vla_server.py) instead of the worker's own policy copy,
+        which then only encodes instructions."""
+        self.server = server
 
     def collect(self, weights: Publication | None, seeds: list[int]) -> tuple[dict[str, Any], dict[str, float]]:
         """G episodes per seed. Returns (batch, stats): batch arrays are [N, C, ...] per policy call or [N] per
         episode (N = len(seeds) × G, C = calls per episode at most); stats hold the time breakdown."""
-        self.load_weights(weights)
+        if self.server is None:
+            self.load_weights(weights)
+        self._versions: list[int] = []  # of the weights that sampled each call (the server's, when there is one)
         size = self.cfg.group_size
         if len(seeds) * size != len(self.envs):
             raise ValueError(f"{len(seeds)} seeds × {size} need {len(seeds) * size} envs, this worker has {len(self.envs)}")
@@ -136,11 +148,12 @@ class VLARolloutWorker:
             future.result()
         rollout_s = time.perf_counter() - started
         env_steps = int(batch["steps"].sum())
+        version = min(self._versions, default=self.weights.version)  # the oldest weights any call used
         stats = {"rollout_s": rollout_s, "env_s": state["env_s"], "infer_s": infer_s,
                  "overlap_s": max(0.0, state["env_s"] + infer_s - rollout_s), "inference_calls": calls,
                  "env_steps": env_steps, "episodes": n, "success_rate": float(batch["success"].mean()),
-                 "policy_version": self.weights.version}
-        return batch | {"version": self.weights.version}, stats
+                 "policy_version": version}
+        return batch | {"version": version}, stats
 
     @torch.no_grad()
     def _infer(self, live: np.ndarray, state: dict, batch: dict) -> np.ndarray:
@@ -148,8 +161,14 @@ class VLARolloutWorker:
         obs = [state["obs"][i] for i in live]
         inputs = policy_inputs(self.policy, [o["image"] for o in obs], [o["instruction"] for o in obs],
                                [o["proprio"] for o in obs])  # on the host: recorded as they are, sent once
-        tokens, logprobs = self.policy.sample(*(t.to(self.device) for t in inputs), self.cfg.temperature,
-                                              self.generator)
+        if self.server is not None:  # the worker's thread waits here while its env thread steps the other group
+            tokens, logprobs, version = ray.get(self.server.sample.remote(*(t.numpy() for t in inputs)))
+            tokens, logprobs = torch.tensor(tokens), torch.tensor(logprobs)  # copies: Ray hands read-only arrays
+        else:
+            tokens, logprobs = self.policy.sample(*(t.to(self.device) for t in inputs), self.cfg.temperature,
+                                                  self.generator)
+            version = self.weights.version
+        self._versions.append(version)
         call = state["call"][live]
         for name, value in zip(("image", "words", "proprio"), inputs):
             batch[name][live, call] = value.numpy()

@@ -120,3 +120,37 @@ def test_learner_updates_only_on_groups_with_signal():
     owner = torch.arange(4)[:, None].expand(4, 4)[rows]
     old = torch.as_tensor(batch["logprobs"][:4][rows]).sum(1)
     assert (after - old)[owner == 0].mean() > 0 > (after - old)[owner != 0].mean()
+
+
+def test_the_inference_server_batches_concurrent_calls_and_its_logprobs_equal_the_learners(worker):
+    """Two workers' calls arriving together are one forward; what the server sampled, with the learner's published
+    weights, has the log-probs the learner recomputes; every answer names the weight version that sampled it."""
+    import threading
+
+    from rlfarm.roles.vla_server import VLAInferenceServer
+
+    learner = VLALearner(CFG)
+    with torch.no_grad():
+        for p in learner.model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    server = VLAInferenceServer(CFG, worker.shapes(), max_batch=8, max_wait_ms=5000)  # fires at 8 observations
+    assert server.load_weights(learner.publish()) == 1
+    batch, _ = worker.collect(None, seeds=[5, 6])
+    calls = [tuple(batch[k][part, 0] for k in ("image", "words", "proprio")) for part in (slice(0, 4), slice(4, 8))]
+    answers = [None, None]
+
+    def ask(i):
+        answers[i] = server.sample(*calls[i])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    stats = server.stats()
+    assert stats["batches"] == 1 and stats["requests"] == 2 and stats["observations"] == 8  # 4 + 4 obs: one forward
+    for (image, words, proprio), (tokens, logprobs, version) in zip(calls, answers):
+        assert version == 1 and tokens.shape == (4, 8)
+        recomputed = learner.model.token_logprobs(torch.as_tensor(image), torch.as_tensor(words),
+                                                  torch.as_tensor(proprio), torch.as_tensor(tokens), CFG.temperature)
+        assert (recomputed - torch.as_tensor(logprobs)).abs().max() < 1e-4

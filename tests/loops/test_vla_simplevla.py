@@ -36,8 +36,11 @@ def test_an_hf_vla_checkpoint_with_lora_trains_through_the_roles(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_vla_learns_push_cube_within_5_minutes(tmp_path):
+    """Through the batching inference server (topology=local_vla_server: 2 rollout workers, 1 server): the workers'
+    calls are answered in shared batches and the policy still learns to the target."""
     run_dir = tmp_path / "run"
-    out = rlfarm("train", "experiment=simplevla", f"hydra.run.dir={run_dir}", "run.live=false", timeout=600)
+    out = rlfarm("train", "experiment=simplevla", "topology=local_vla_server", f"hydra.run.dir={run_dir}",
+                 "run.live=false", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = _rows(run_dir)
@@ -52,6 +55,10 @@ def test_tiny_vla_learns_push_cube_within_5_minutes(tmp_path):
     assert all(row["staleness"] == 0 for row in rows)  # synchronous: every rollout used the newest weights
     assert all(row["reward"] * 64 == round(row["reward"] * 64) for row in rows)  # a fraction of 64 episodes
     assert (run_dir / "checkpoints" / "final.pt").exists()
+    assert summary["inference_servers"] == 1 and summary["rollout_workers"] == 2
+    # each worker's call carries at most half its 32 envs: a mean above 16 means calls of both workers shared batches
+    assert all(row["server_batch_mean"] > 0 and 0 < row["server_busy"] <= 1 for row in rows)
+    assert max(row["server_batch_mean"] for row in rows) > 16
 
 
 @pytest.mark.slow
