@@ -116,10 +116,13 @@ class ActorLearner(ChunkLearner):
         return None  # acked once a batch takes it (or drops it)
 
     def _updates_owed(self) -> int:
-        """Full batches waiting; stopping, what is left makes one last, smaller batch (one rank only: N ranks train
-        on batches of one size, the gradient average assumes it)."""
-        owed = len(self.queue) // self.batch_chunks
-        return owed if owed or not self._stop.is_set() or self.world_size > 1 else min(len(self.queue), 1)
+        """Full batches of chunks within the lag bound (the stale ones are dropped as batches pass them; the version
+        does not change within a burst, so every batch of a burst is whole: N ranks must all update, each on a whole
+        batch); stopping, what is left makes one last, smaller batch (one rank only: N ranks train on batches of one
+        size). Also read by stats() from another thread: it only reads a snapshot of the queue."""
+        fresh = sum(self.version - meta["policy_version"] <= self.max_policy_lag for meta, _ in list(self.queue))
+        owed = fresh // self.batch_chunks
+        return owed if owed or not self._stop.is_set() or self.world_size > 1 else min(fresh, 1)
 
     def _update(self, n: int) -> None:
         for _ in range(n):

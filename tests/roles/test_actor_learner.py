@@ -68,7 +68,8 @@ def test_batches_bound_the_policy_lag_and_ack_once_used(cartpole):
     learner.version = 10  # the learner has published 10 versions
     # lags 9 and 7 (too old), then 3, 0, 2: the two stale ones are dropped on the way to a full batch
     learner._store([labeled_chunk(runner, seq, version) for seq, version in enumerate([1, 3, 7, 10, 8])])
-    assert learner.stored == 5 * STEPS * ENVS and learner._updates_owed() == 2  # two batches' worth queued
+    # owed counts whole batches of chunks within the bound (3 of the 5): the stale two are dropped on the way
+    assert learner.stored == 5 * STEPS * ENVS and learner._updates_owed() == 1
     learner._update(1)
     assert learner.updates == 1 and learner.dropped_chunks == 2 and learner.dropped_transitions == 2 * STEPS * ENVS
     learner._ack_paid()
