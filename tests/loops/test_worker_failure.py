@@ -72,7 +72,7 @@ def test_a_worker_that_keeps_dying_ends_the_run_with_one_line(tmp_path):
     run_dir = tmp_path / "run"
     proc = start_train(run_dir, *RUN, "run.max_restarts=0")
     try:
-        assert wait_for(lambda: learning(run_dir, updates), 240), "the run did not start"
+        assert wait_for(lambda: learning(run_dir), 240), "the run did not start"
         pid = next(r["pid"] for r in json.loads((run_dir / "roles.json").read_text()) if r["role"] == "labeler")
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
