@@ -63,13 +63,11 @@ def discounted_sums(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     with G[t, s] = Π_{t≤k<s} factors_k, each product taken directly (a cumulative product per start t, [N, T, T]),
     not as a ratio of running products, which a zero factor (an episode end) would turn into 0/0."""
     steps = x.shape[0]
-    later = torch.ones(steps, steps, dtype=torch.bool, device=x.device).triu(1)  # [t, k]: k > t
+    ahead = torch.ones(steps, steps, dtype=torch.bool, device=x.device).triu()  # [t, k]: k ≥ t
     # [N, t, k] = factors_k for k ≥ t, 1 before t; its cumulative product over k is Π_{t≤k'≤k} factors_k'
-    running = torch.where(later | torch.eye(steps, dtype=torch.bool, device=x.device), factors.T[:, None, :], 1.0)
-    products = torch.cumprod(running, dim=2)
+    products = torch.cumprod(torch.where(ahead, factors.T[:, None, :], 1.0), dim=2)
     # G[t, s] = Π_{t≤k<s}: the product up to s − 1 (1 on the diagonal), 0 below it
-    weights = torch.cat([torch.ones_like(products[..., :1]), products[..., :-1]], dim=2) * (later | torch.eye(
-        steps, dtype=torch.bool, device=x.device))
+    weights = torch.cat([torch.ones_like(products[..., :1]), products[..., :-1]], dim=2) * ahead
     return torch.einsum("nts,sn->tn", weights, x)
 
 
