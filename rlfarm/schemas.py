@@ -186,6 +186,26 @@ class GRPOVLASchema(GroupPolicySchema):
     server_max_wait_ms: float = 5.0
 
 
+class Critic(Choice):  # algo=ppo_vla: where V(observation) comes from (rlfarm/algos/ppo_vla.py)
+    shared = "shared"      # a value head on the policy's own trunk
+    separate = "separate"  # a network of the policy's kind of its own
+
+
+@dataclass
+class PPOVLASchema(GroupPolicySchema):
+    groups_per_update: int
+    pipeline: bool
+    target_success: Optional[float]
+    gamma: float
+    gae_lambda: float
+    value_coef: float
+    value_clip: Optional[float]
+    epochs: int
+    critic: Critic
+    server_max_batch: int = 256
+    server_max_wait_ms: float = 5.0
+
+
 @dataclass
 class GymEnvSchema(Ranged):
     id: str
@@ -331,7 +351,7 @@ FREE_FORM_KEYS = ("env.kwargs",  # the env's constructor arguments (ManiSkill, S
 
 
 ALGO_SCHEMAS = {"sac": SACSchema, "impala": ActorLearnerSchema, "appo": ActorLearnerSchema, "ppo": PPOSchema, "grpo": GRPOSchema, "ppo_lm": PPOLMSchema,
-                "grpo_vla": GRPOVLASchema}
+                "grpo_vla": GRPOVLASchema, "ppo_vla": PPOVLASchema}
 
 
 STORE = ConfigStore.instance()

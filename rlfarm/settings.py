@@ -33,7 +33,7 @@ RANGES = {
                      "prompts_per_step", "group_size", "groups_per_update", "max_new_tokens", "max_updates", "batch_chunks",
                      "rho_bar", "c_bar"),
                     POSITIVE),
-    **dict.fromkeys(("learning_starts", "vf_coef", "ent_coef", "kl_coef", "clip_low", "clip_high", "max_staleness",
+    **dict.fromkeys(("learning_starts", "vf_coef", "value_coef", "ent_coef", "kl_coef", "clip_low", "clip_high", "max_staleness",
                      "max_policy_lag", "target_update_every"),
                     NON_NEGATIVE),
     **dict.fromkeys(("gamma", "gae_lambda", "lam", "top_p", "accuracy_low", "accuracy_high"), FRACTION),

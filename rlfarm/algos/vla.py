@@ -46,15 +46,24 @@ def group_signal(success: np.ndarray, cfg: VLAConfig) -> tuple[torch.Tensor, tor
     return group_advantages(success, cfg.group_size, cfg.norm_std, low=cfg.accuracy_low, high=cfg.accuracy_high)
 
 
+CALL_FIELDS = ("image", "words", "proprio", "tokens", "logprobs")
+
+
+def call_rows(batch: dict, device: str = "cpu", episodes: torch.Tensor | None = None
+              ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]:
+    """Every policy call of the batch's episodes (all, or `episodes`) as rows: ((episode, call) indices of the rows
+    into the [E, C] grid, ([R, ...] tensors of `CALL_FIELDS` on `device`))."""
+    chosen = slice(None) if episodes is None else episodes
+    rows = torch.as_tensor(batch["called"])[chosen].nonzero(as_tuple=True)
+    return rows, tuple(torch.as_tensor(batch[name])[chosen][rows].to(device) for name in CALL_FIELDS)
+
+
 def update_vla(model: TinyVLA, optimizer: torch.optim.Optimizer, batch: dict, advantages: torch.Tensor,
                episodes: torch.Tensor, cfg: VLAConfig, device: str = "cpu") -> dict[str, float]:
     """`cfg.minibatches` clipped token-level GRPO steps over every policy call of the chosen episodes.
     Every action token of an episode's calls gets that episode's advantage (the outcome reward is binary)."""
-    called = torch.as_tensor(batch["called"])[episodes]                           # [E, C]
-    rows = called.nonzero(as_tuple=True)
-    pick = lambda name: torch.as_tensor(batch[name])[episodes][rows].to(device)  # noqa: E731 - [R, ...]
-    image, words, proprio, tokens, old = (pick(name) for name in ("image", "words", "proprio", "tokens", "logprobs"))
-    row_advantages = advantages[episodes].unsqueeze(1).expand_as(called)[rows].to(device)
+    (chosen, _), (image, words, proprio, tokens, old) = call_rows(batch, device, episodes)
+    row_advantages = advantages[episodes][chosen].to(device)
     mask = torch.ones_like(old)
     model.train()
     totals = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.0}

@@ -1,5 +1,5 @@
-"""VLA driver (SimpleVLA-RL's recipe): rollout workers play GRPO groups in the simulator, the learner updates,
-weights go back to the workers, synchronously.
+"""VLA driver (SimpleVLA-RL's recipe, and PPO with a critic): rollout workers play episodes (GRPO groups) in the
+simulator, the learner updates, weights go back to the workers, synchronously.
 
     seeds → workers.collect (pipelined env groups + policy inference) → learner.update (GRPO) → learner.publish
 
@@ -16,6 +16,7 @@ import numpy as np
 import ray
 from omegaconf import DictConfig, OmegaConf
 
+from rlfarm.algos.ppo_vla import PPOVLAConfig
 from rlfarm.algos.vla import VLAConfig
 from rlfarm.envs.vla_tasks import check_vla_task
 from rlfarm.errors import ConfigError
@@ -36,10 +37,11 @@ TIME_KEYS = ("rollout_s", "env_s", "infer_s", "overlap_s", "update_s", "step_s",
 def vla_config(cfg: DictConfig) -> VLAConfig:
     """The frozen settings of one VLA run, from the composed Hydra config."""
     algo = OmegaConf.to_container(cfg.algo, resolve=True)
-    fields = known_fields(VLAConfig, algo)
+    settings = PPOVLAConfig if algo["name"] == "ppo_vla" else VLAConfig
+    fields = known_fields(settings, algo)
     env = OmegaConf.to_container(cfg.env, resolve=True)
     check_vla_task(str(env["id"]))
-    return VLAConfig(**fields, env_id=str(env["id"]), env=dict(env.get("kwargs") or {}), chunk_size=int(env["chunk_size"]),
+    return settings(**fields, env_id=str(env["id"]), env=dict(env.get("kwargs") or {}), chunk_size=int(env["chunk_size"]),
                      bins=int(env.get("bins", 256)), model=vla_model(cfg.model),
                      seed=int(cfg.seed))
 
@@ -81,7 +83,7 @@ class VLALoop(SyncLoop):
                             p.threads) for p in plan.of("engine")]
         ray.get([w.set_server.remote(self.servers[i % len(self.servers)]) for i, w in enumerate(self.workers)]
                 if self.servers else [])
-        self.title = f"rlfarm · simplevla · {cfg.env.id} · {cfg.topology.name}"
+        self.title = f"rlfarm · {cfg.algo.name} · {cfg.env.id} · {cfg.topology.name}"
         self.target = cfg.algo.target_success
         self.weights = None  # the ref of the newest published weights
         self._begin(Progress(window=SUCCESS_WINDOW, timings=TIME_KEYS, updates=0, env_steps=0, episodes=0,
@@ -146,9 +148,12 @@ class VLALoop(SyncLoop):
                "inference_busy": slowest["infer_s"] / max(slowest["rollout_s"], 1e-9), **timing, **metrics,
                **cycle["servers"]}
         if update % 10 == 0 or update == 1:
-            log.info("update %d success %.3f (last %d: %.3f) entropy %.2f kept %.2f rollout %.2fs (env %.2fs, "
+            # GRPO: the share of groups dynamic sampling kept; PPO: how much of the return the critic explains
+            signal = (f"kept {metrics['kept_groups']:.2f}" if "kept_groups" in metrics
+                      else f"value EV {metrics.get('explained_variance', 0.0):.2f}")
+            log.info("update %d success %.3f (last %d: %.3f) entropy %.2f %s rollout %.2fs (env %.2fs, "
                      "inference %.2fs, overlap %.2fs) wall %.0fs", update, metrics["success_rate"],
-                     len(progress.window), success, metrics["entropy"], metrics["kept_groups"], rollout_s,
+                     len(progress.window), success, metrics["entropy"], signal, rollout_s,
                      timing["env_s"], timing["infer_s"], timing["overlap_s"], wall)
         return row
 

@@ -11,6 +11,8 @@ the learner's are the same function (`token_logprobs`). Temperature divides the 
 π are measured at the rollout temperature (SimpleVLA-RL samples at 1.6).
 
 The head may add a bin-position feature (see `bin_features`), which lets neighbouring bins learn together.
+With `value_head=True` (PPO with a shared trunk, `algo=ppo_vla`) a linear value head reads the same hidden state, so
+one forward gives the action tokens' log-probabilities and V(observation).
 The head starts at zero: the first policy samples every bin uniformly, whatever the weights of the encoders,
 so a run's starting success rate is that of a uniformly random policy over the action bins.
 """
@@ -50,7 +52,8 @@ class InstructionTokenizer:
 class TinyVLA(nn.Module):
     def __init__(self, vocab: Sequence[str], action_dim: int, chunk_size: int, proprio_dim: int,
                  image_size: int = 32, image_channels: int = 3, bins: int = 256, width: int = 64,
-                 max_words: int = 12, proprio_scale: float = 10.0, bin_features: bool = True):
+                 max_words: int = 12, proprio_scale: float = 10.0, bin_features: bool = True,
+                 value_head: bool = False):
         super().__init__()
         self.tokenizer = InstructionTokenizer(vocab, max_words)
         self.action_dim, self.chunk_size, self.bins = int(action_dim), int(chunk_size), int(bins)
@@ -79,7 +82,8 @@ class TinyVLA(nn.Module):
         self.shape_head = nn.Linear(2 * width, self.num_tokens) if self.bin_features else None
         centres = (torch.arange(self.bins) + 0.5) / self.bins * 2 - 1
         self.register_buffer("bin_basis", centres[None], persistent=False)  # [1, bins]
-        for layer in (self.head, self.shape_head):
+        self.value_head = nn.Linear(2 * width, 1) if value_head else None  # V(s) on the trunk PPO shares
+        for layer in (self.head, self.shape_head, self.value_head):
             if layer is not None:
                 nn.init.zeros_(layer.weight)
                 nn.init.zeros_(layer.bias)
@@ -89,22 +93,42 @@ class TinyVLA(nn.Module):
         """Action tokens per policy call: K actions × D dimensions."""
         return self.chunk_size * self.action_dim
 
-    def logits(self, image: torch.Tensor, words: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
-        """image uint8 [B, C, S, S], words int64 [B, L], proprio [B, P] → logits [B, K*D, bins]."""
+    def hidden(self, image: torch.Tensor, words: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
+        """image uint8 [B, C, S, S], words int64 [B, L], proprio [B, P] → the trunk's features [B, 2·width]."""
         seen = self.image_proj(self.image(image.float() / 255.0))
         mask = (words != PAD).unsqueeze(-1).float()
         said = (self.words(words) * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         felt = self.proprio(proprio.float() * self.proprio_scale)
-        hidden = self.trunk(torch.cat([seen, said, felt], dim=-1))
+        return self.trunk(torch.cat([seen, said, felt], dim=-1))
+
+    def _action_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.head(hidden).view(-1, self.num_tokens, self.bins)
         if self.shape_head is not None:
             logits = logits + self.shape_head(hidden).view(-1, self.num_tokens, 1) @ self.bin_basis
         return logits
 
+    def logits(self, image: torch.Tensor, words: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
+        """→ logits [B, K*D, bins]."""
+        return self._action_logits(self.hidden(image, words, proprio))
+
     def token_logprobs(self, image, words, proprio, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """log π(token) of each given token [B, K*D] at `temperature`; exact (tokens are independent given obs)."""
-        logprobs = torch.log_softmax(self.logits(image, words, proprio).float() / temperature, dim=-1)
-        return logprobs.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+        return _gather_logprobs(self.logits(image, words, proprio), tokens, temperature)
+
+    def values(self, image, words, proprio) -> torch.Tensor:
+        """V(observation) [B] from the value head (built with value_head=True)."""
+        return self._value(self.hidden(image, words, proprio))
+
+    def token_logprobs_and_values(self, image, words, proprio, tokens: torch.Tensor, temperature: float = 1.0
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`token_logprobs` and `values` from one pass through the shared trunk."""
+        hidden = self.hidden(image, words, proprio)
+        return _gather_logprobs(self._action_logits(hidden), tokens, temperature), self._value(hidden)
+
+    def _value(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.value_head is None:
+            raise ValueError("this policy has no value head: build it with value_head=True")
+        return self.value_head(hidden.float()).squeeze(-1)
 
     @torch.no_grad()
     def sample(self, image, words, proprio, temperature: float = 1.0, generator: torch.Generator | None = None
@@ -118,6 +142,12 @@ class TinyVLA(nn.Module):
         flat = torch.multinomial(logprobs.exp().view(-1, self.bins), 1, generator=generator)
         tokens = flat.view(logprobs.shape[:2])
         return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def _gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log-softmax of logits [B, T, bins] at `temperature`, taken at the given tokens [B, T] → [B, T]."""
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logprobs.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
 
 
 def tiny_vla(vocab: Sequence[str], action_dim: int, chunk_size: int, proprio_dim: int, **config) -> TinyVLA:
@@ -148,12 +178,19 @@ class HFVLAPolicy(nn.Module):
     def token_logprobs(self, pixel_values, input_ids, tokens: torch.Tensor, temperature: float = 1.0,
                        prompt_mask: torch.Tensor | None = None) -> torch.Tensor:
         """log π of the given action tokens [B, T] (bin indices) after the prompt, teacher-forced in one pass."""
+        return self.score(pixel_values, input_ids, tokens, temperature, prompt_mask)[0]
+
+    def score(self, pixel_values, input_ids, tokens: torch.Tensor, temperature: float = 1.0,
+              prompt_mask: torch.Tensor | None = None, prompt_hidden: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(`token_logprobs`, and with `prompt_hidden` the last layer's state at the prompt's last token [B, H] —
+        what a value head reads: the observation, before any action token — from the same pass)."""
         full = torch.cat([input_ids, tokens.long() + self.first_action_id], dim=1)
         out = self.model(input_ids=full, pixel_values=pixel_values, attention_mask=_extend(prompt_mask, full),
-                         logits_to_keep=tokens.shape[1] + 1)
-        logits = out.logits[:, :-1, self.first_action_id:].float()
-        logprobs = torch.log_softmax(logits / temperature, dim=-1)
-        return logprobs.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+                         logits_to_keep=tokens.shape[1] + 1, output_hidden_states=prompt_hidden)
+        logits = out.logits[:, :-1, self.first_action_id:]
+        hidden = out.hidden_states[-1][:, input_ids.shape[1] - 1] if prompt_hidden else None  # left-padded prompts
+        return _gather_logprobs(logits, tokens, temperature), hidden
 
     @torch.no_grad()
     def sample(self, pixel_values, input_ids, temperature: float = 1.0, generator: torch.Generator | None = None,
@@ -212,9 +249,14 @@ class HFVLAActions(nn.Module):
     the checkpoint's own tokenizer, left-padded to `max_words` tokens. Proprio is not used (as in OpenVLA)."""
 
     def __init__(self, policy: HFVLAPolicy, tokenizer, image_token_id: int, image_tokens: int, image_size: int,
-                 mean: Sequence[float], std: Sequence[float], max_words: int = 16):
+                 mean: Sequence[float], std: Sequence[float], max_words: int = 16, value_head: bool = False):
         super().__init__()
         self.policy = policy
+        hidden = policy.model.get_output_embeddings().weight.shape[1]
+        self.value_head = nn.Linear(hidden, 1) if value_head else None  # outside LoRA's wrapping: always trained
+        if self.value_head is not None:
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
         self.tokenizer = HFInstructionTokenizer(tokenizer, max_words)
         self.image_token_id, self.image_tokens, self.image_size = int(image_token_id), int(image_tokens), int(image_size)
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
@@ -238,6 +280,20 @@ class HFVLAActions(nn.Module):
     def token_logprobs(self, image, words, proprio, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         pixels, ids, mask = self._inputs(image, words)
         return self.policy.token_logprobs(pixels, ids, tokens, temperature, prompt_mask=mask)
+
+    def token_logprobs_and_values(self, image, words, proprio, tokens: torch.Tensor, temperature: float = 1.0
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`token_logprobs` and V(observation) from the value head on the prompt's last hidden state, in one pass."""
+        if self.value_head is None:
+            raise ValueError("this policy has no value head: build it with value_head=True")
+        pixels, ids, mask = self._inputs(image, words)
+        logprobs, hidden = self.policy.score(pixels, ids, tokens, temperature, prompt_mask=mask, prompt_hidden=True)
+        return logprobs, self.value_head(hidden.float()).squeeze(-1)
+
+    def values(self, image, words, proprio) -> torch.Tensor:
+        """V(observation) [B]: the prompt scored with no action token after it."""
+        empty = torch.zeros(len(words), 0, dtype=torch.long, device=words.device)
+        return self.token_logprobs_and_values(image, words, proprio, empty)[1]
 
     @torch.no_grad()
     def sample(self, image, words, proprio, temperature: float = 1.0, generator: torch.Generator | None = None
@@ -270,7 +326,7 @@ CLIP_MEAN, CLIP_STD = (0.4815, 0.4578, 0.4082), (0.2686, 0.2613, 0.2758)
 
 
 def load_hf_vla_actions(path: str, num_tokens: int, bins: int = 256, lora: dict | None = None,
-                        max_words: int = 16) -> HFVLAActions:
+                        max_words: int = 16, value_head: bool = False) -> HFVLAActions:
     """A Llava-style checkpoint folder (model + tokenizer, optionally an image processor) as a VLA policy."""
     import os
 
@@ -291,4 +347,5 @@ def load_hf_vla_actions(path: str, num_tokens: int, bins: int = 256, lora: dict 
     except (OSError, ValueError):  # no image processor saved: CLIP's statistics (Llava's vision towers are CLIP)
         pass
     return HFVLAActions(load_hf_vla(path, num_tokens, bins, lora), AutoTokenizer.from_pretrained(path),
-                        config.image_token_id, image_tokens, int(vision.image_size), mean, std, max_words)
+                        config.image_token_id, image_tokens, int(vision.image_size), mean, std, max_words,
+                        value_head)

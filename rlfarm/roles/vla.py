@@ -28,6 +28,7 @@ import numpy as np
 import ray
 import torch
 
+from rlfarm.algos.ppo_vla import PPOVLAConfig, update_ppo_vla
 from rlfarm.algos.vla import VLAConfig, group_signal, update_vla
 from rlfarm.envs.action_chunks import ActionChunkWrapper, ActionTokenizer
 from rlfarm.envs.vla_tasks import instruction_vocabulary, make_vla_task
@@ -51,14 +52,19 @@ def policy_shapes(env) -> dict[str, int]:
             "proprio_dim": int(inner.observation_space["proprio"].shape[0]), "image_size": int(inner.image_size)}
 
 
-def build_policy(cfg: VLAConfig, shapes: dict[str, int]) -> TinyVLA | HFVLAActions:
-    """The tiny built-in VLA from `cfg.model`, or an HF checkpoint when `cfg.model` names a `source` folder."""
+def build_policy(cfg: VLAConfig, shapes: dict[str, int], value_head: bool | None = None) -> TinyVLA | HFVLAActions:
+    """The tiny built-in VLA from `cfg.model`, or an HF checkpoint when `cfg.model` names a `source` folder.
+    `value_head` (default: PPO with a shared trunk) adds V(observation) on the policy's own features; every copy of
+    the policy (learner, workers, servers) has it, so published weights load everywhere by the same names."""
     torch.manual_seed(cfg.seed)
+    if value_head is None:
+        value_head = getattr(cfg, "critic", None) == "shared"
     if cfg.model.get("source"):
         return load_hf_vla_actions(str(cfg.model["source"]), shapes["action_dim"] * cfg.chunk_size, cfg.bins,
-                                   lora=cfg.model.get("lora"), max_words=int(cfg.model.get("max_words", 16)))
+                                   lora=cfg.model.get("lora"), max_words=int(cfg.model.get("max_words", 16)),
+                                   value_head=value_head)
     return tiny_vla(instruction_vocabulary(cfg.env_id), shapes["action_dim"], cfg.chunk_size, shapes["proprio_dim"],
-                    image_size=shapes["image_size"], bins=cfg.bins, **cfg.model)
+                    image_size=shapes["image_size"], bins=cfg.bins, value_head=value_head, **cfg.model)
 
 
 def load_trainable(policy, state: dict[str, torch.Tensor]) -> None:
@@ -206,9 +212,14 @@ class VLALearner:
         renderer and compiles shaders); None builds one to read them."""
         limit_threads(threads)
         self.cfg, self.device = cfg, assigned_device() if ray.is_initialized() else "cpu"
-        self.model = build_policy(cfg, shapes or policy_shapes(make_env(cfg))).to(self.device).eval()
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr,
-                                           weight_decay=0.0)  # under LoRA, only the adapters
+        shapes = shapes or policy_shapes(make_env(cfg))
+        self.model = build_policy(cfg, shapes).to(self.device).eval()
+        # PPO with critic=separate: a network of the policy's kind of its own, read only through its value head
+        self.critic = (build_policy(cfg, shapes, value_head=True).to(self.device).eval()
+                       if getattr(cfg, "critic", None) == "separate" else None)
+        trained = [self.model] + ([self.critic] if self.critic is not None else [])
+        self.optimizer = torch.optim.AdamW([p for net in trained for p in net.parameters() if p.requires_grad],
+                                           lr=cfg.lr, weight_decay=0.0)  # under LoRA, only the adapters (+ value head)
         self.version = 0
 
     def publish(self) -> Publication:
@@ -218,12 +229,15 @@ class VLALearner:
 
     def update(self, *batches: dict) -> dict[str, float]:
         batch = merge_batches(list(batches))
-        advantages, keep = group_signal(batch["success"], self.cfg)
         valid = torch.as_tensor(batch["called"])
-        metrics = {"success_rate": float(batch["success"].mean()), "kept_groups": float(keep.float().mean()),
+        metrics = {"success_rate": float(batch["success"].mean()),
                    "episode_steps": float(batch["steps"].mean()), "staleness": self.version - int(batch["version"]),
                    # −log π of the sampled tokens averages to the policy's entropy at the rollout temperature
                    "entropy": float(-torch.as_tensor(batch["logprobs"])[valid].mean())}
+        if isinstance(self.cfg, PPOVLAConfig):
+            return metrics | update_ppo_vla(self.model, self.critic, self.optimizer, batch, self.cfg, self.device)
+        advantages, keep = group_signal(batch["success"], self.cfg)
+        metrics["kept_groups"] = float(keep.float().mean())
         if keep.any():
             episodes = keep.repeat_interleave(self.cfg.group_size).nonzero(as_tuple=True)[0]
             metrics |= update_vla(self.model, self.optimizer, batch, advantages, episodes, self.cfg, self.device)
@@ -231,13 +245,16 @@ class VLALearner:
 
     def save(self, path: str, extra: dict | None = None) -> str:
         """Atomic checkpoint, loadable with torch.load(weights_only=True); `extra` is the driver's state."""
-        return save_atomic({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        critic = {"critic": self.critic.state_dict()} if self.critic is not None else {}
+        return save_atomic({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **critic,
                             "version": self.version, "torch_rng": torch.get_rng_state(), "extra": extra or {}}, path)
 
     def load(self, path: str) -> dict:
         """Restore a checkpoint written by `save`; returns its `extra`."""
         state = torch.load(path, map_location=self.device, weights_only=True)
         self.model.load_state_dict(state["model"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         torch.set_rng_state(state["torch_rng"].cpu())

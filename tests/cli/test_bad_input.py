@@ -219,6 +219,10 @@ CASES = [
                  "model.source: no such folder", id="vla-checkpoint-missing"),
     pytest.param(["train", "experiment=simplevla", "model=mlp"], "algo=grpo_vla needs a VLA policy",
                  id="vla-with-sac-networks"),
+    pytest.param(["train", "experiment=ppo_vla", "algo.critic=both"], "algo.critic must be one of shared|separate",
+                 id="ppo-vla-critic-choice"),
+    pytest.param(["train", "experiment=ppo_vla", "algo.value_coef=-1"], "algo.value_coef must be >= 0",
+                 id="ppo-vla-value-coef"),
     # a learned reward: a file that fit-reward did not write; fit-reward's own options
     pytest.param(["train", "reward=model", "reward.model={tmp}/a_file"], "reward.model: cannot read fitted reward",
                  id="fitted-reward-not-a-fitted-file"),

@@ -172,3 +172,50 @@ def test_hf_vla_source_must_be_a_folder():
 
     with pytest.raises(FileNotFoundError, match="no such folder"):
         load_hf_vla_actions("/nonexistent/llava", num_tokens=4)
+
+
+def test_value_head_shares_the_trunk_and_starts_at_zero():
+    """value_head=True (algo=ppo_vla): one pass gives the same log-probabilities as `token_logprobs` and the values
+    `values` gives; the head starts at zero, so the first critic predicts 0 everywhere."""
+    policy = _policy(value_head=True)
+    image, words, proprio = _obs(policy)
+    tokens, _ = policy.sample(image, words, proprio, 1.0, torch.Generator().manual_seed(2))
+    logprobs, values = policy.token_logprobs_and_values(image, words, proprio, tokens, 1.0)
+    torch.testing.assert_close(logprobs, policy.token_logprobs(image, words, proprio, tokens, 1.0))
+    assert values.shape == (5,) and torch.equal(values, torch.zeros(5))
+    with torch.no_grad():
+        policy.value_head.bias.fill_(0.5)
+    torch.testing.assert_close(policy.values(image, words, proprio), torch.full((5,), 0.5))
+    with pytest.raises(ValueError, match="no value head"):
+        _policy().values(image, words, proprio)
+
+
+def test_hf_vla_value_head_reads_the_prompt_and_trains_beside_lora(saved_llava):
+    """An HF VLA with a value head: V comes from the prompt's last hidden state (the same with or without action
+    tokens after it), and under LoRA the head trains with the adapters while the base stays frozen."""
+    from rlfarm.models.vla import load_hf_vla_actions
+
+    policy = load_hf_vla_actions(saved_llava, num_tokens=4, max_words=8, value_head=True,
+                                 lora={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]})
+    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert {"value_head.weight", "value_head.bias"} <= trainable
+    assert all("lora_" in n or n.startswith("value_head") for n in trainable)
+    words = torch.as_tensor(policy.tokenizer.encode(["push the cube left", "right"]))
+    image = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    proprio = torch.zeros(2, 4)
+    tokens = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    with torch.no_grad():
+        policy.value_head.weight.normal_(0, 1.0)
+    logprobs, values = policy.token_logprobs_and_values(image, words, proprio, tokens, 1.6)
+    torch.testing.assert_close(logprobs, policy.token_logprobs(image, words, proprio, tokens, 1.6))
+    torch.testing.assert_close(values, policy.values(image, words, proprio), atol=1e-5, rtol=0)
+    assert values.shape == (2,) and values[0] != values[1]
+    optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+    target = torch.tensor([1.0, -1.0])
+    before = float((policy.values(image, words, proprio) - target).pow(2).mean())
+    for _ in range(20):
+        loss = (policy.values(image, words, proprio) - target).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert float((policy.values(image, words, proprio) - target).pow(2).mean()) < before / 4
