@@ -22,6 +22,7 @@ from rlfarm.envs.vla_tasks import check_vla_task
 from rlfarm.errors import ConfigError
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
+from rlfarm.loops.supervision import Supervisor
 from rlfarm.roles.vla import VLALearner, VLARolloutWorker
 from rlfarm.roles.vla_server import VLAInferenceServer
 from rlfarm.run import Run
@@ -70,8 +71,11 @@ class VLALoop(SyncLoop):
         plan = placed.plan
         runners = plan.of("env_runner")
         self.shares = split_groups(self.vla.groups_per_update, len(runners))
-        self.workers = [ray.remote(VLARolloutWorker).options(**placed.options(p)).remote(self.vla, share, p.index,
-                                                                                          p.threads)
+        # Workers hold nothing a rebuild loses (envs, a policy copy): Ray restarts a dead one (its constructor again),
+        # and the driver re-runs the rollout it was in the middle of (`_collect`). Calls are never retried by Ray.
+        restartable = {"max_restarts": int(cfg.run.max_restarts), "max_task_retries": 0}
+        self.workers = [ray.remote(VLARolloutWorker).options(**placed.options(p), **restartable).remote(
+                            self.vla, share, p.index, p.threads)
                         for p, share in zip(runners, self.shares)]
         (learner,) = plan.of("learner")
         shapes = ray.get(self.workers[0].shapes.remote())  # sizes the learner's policy without an env of its own
@@ -81,8 +85,8 @@ class VLALoop(SyncLoop):
         self.servers = [ray.remote(VLAInferenceServer).options(**placed.options(p), max_concurrency=SERVER_CALLS).remote(
                             self.vla, shapes, int(cfg.algo.server_max_batch), float(cfg.algo.server_max_wait_ms),
                             p.threads) for p in plan.of("engine")]
-        ray.get([w.set_server.remote(self.servers[i % len(self.servers)]) for i, w in enumerate(self.workers)]
-                if self.servers else [])
+        ray.get([self._wire(i) for i in range(len(self.workers))])
+        self.supervisor = Supervisor(self.learner, self.workers, [], int(cfg.run.max_restarts), run.dir / "roles.json")
         self.title = f"rlfarm · {cfg.algo.name} · {cfg.env.id} · {cfg.topology.name}"
         self.target = cfg.algo.target_success
         self.weights = None  # the ref of the newest published weights
@@ -90,9 +94,16 @@ class VLALoop(SyncLoop):
                              first_success=None), resume_from)
 
     # -- stages -------------------------------------------------------------------------------------
+    def _wire(self, index: int) -> ray.ObjectRef:
+        """Worker `index` sends its policy calls to server index mod S (a no-op without an engine role)."""
+        server = self.servers[index % len(self.servers)] if self.servers else None
+        return self.workers[index].set_server.remote(server)
+
     def _warm_up(self) -> None:
         self.weights = self.learner.publish.remote()
         ray.get([self.weights, *(w.load_weights.remote(None) for w in self.workers)])
+        self.supervisor.poll(float(self.cfg.run.role_timeout_s))  # every role's pid, for roles.json
+        self.supervisor.write_roles_file()
         self._server_stats = [{"busy_s": 0.0, "wall_s": 0.0, "batches": 0, "observations": 0} for _ in self.servers]
 
     def _step(self) -> dict:
@@ -101,15 +112,49 @@ class VLALoop(SyncLoop):
         started = time.monotonic()
         seeds = self._seeds(self.progress["updates"] + 1)
         ray.get([server.load_weights.remote(self.weights) for server in self.servers])  # before any worker asks
-        collected = [w.collect.options(num_returns=2).remote(self.weights, s) for w, s in zip(self.workers, seeds)]
-        stats = ray.get([s for _, s in collected])                                       # 1. rollouts
+        collected = self._collect(seeds)                                                 # 1. rollouts
+        stats = [s for _, s in collected]
         rolled = time.monotonic()
-        metrics = ray.get(self.learner.update.remote(*(batch for batch, _ in collected)))  # 2. GRPO update
+        metrics = ray.get(self.learner.update.remote(*(batch for batch, _ in collected)))  # 2. update
         self.weights = self.learner.publish.remote()                                    # 3. new weights
         ray.wait([self.weights], fetch_local=False)
         done = time.monotonic()
         return {"stats": stats, "learner": metrics, "rollout_s": rolled - started, "update_s": done - rolled,
                 "step_s": done - started, "servers": self._server_deltas()}
+
+    def _collect(self, seeds: list[list[int]]) -> list[tuple[ray.ObjectRef, dict]]:
+        """Every worker's rollout of its seeds: (batch ref, stats) per worker. A worker that dies during its rollout is
+        waited for (Ray restarts it, `run.restart_timeout_s`), re-wired to its server and plays its seeds again from
+        the start: a rollout's batch is whole or absent, so no part of a group reaches the learner. Restarts beyond
+        `run.max_restarts` end the run with one line naming the worker."""
+        calls = {i: self._send(i, seeds[i]) for i in range(len(self.workers))}
+        done: dict[int, tuple[ray.ObjectRef, dict]] = {}
+        while calls:
+            waiting = {stats: i for i, (_, stats) in calls.items()}
+            ready, _ = ray.wait(list(waiting), num_returns=1)
+            for ref in ready:
+                i = waiting[ref]
+                batch, _ = calls.pop(i)
+                try:
+                    stats = ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    self._recover(i, f"re-ran its {len(seeds[i])} groups")
+                    calls[i] = self._send(i, seeds[i])
+                    continue
+                worker = self.supervisor.workers[i]
+                if worker.pid is not None and stats["pid"] != worker.pid:  # died and came back between two rollouts
+                    self._recover(i, "nothing lost")
+                done[i] = (batch, stats)
+        return [done[i] for i in range(len(self.workers))]
+
+    def _send(self, index: int, seeds: list[int]) -> tuple[ray.ObjectRef, ray.ObjectRef]:
+        return self.workers[index].collect.options(num_returns=2).remote(self.weights, seeds)
+
+    def _recover(self, index: int, what: str) -> None:
+        worker, started = self.supervisor.workers[index], time.monotonic()
+        pid = self.supervisor.wait_until_back(worker, float(self.cfg.run.restart_timeout_s))
+        ray.get(self._wire(index))
+        self.supervisor.restarted(worker, pid, started, {"rollout": what})
 
     def _server_deltas(self) -> dict:
         """Since the last step, over all servers: mean observations per batch and the policy thread's busy share."""
@@ -147,6 +192,8 @@ class VLALoop(SyncLoop):
                "reward_mean": success, "inference_calls": slowest["inference_calls"],
                "inference_busy": slowest["infer_s"] / max(slowest["rollout_s"], 1e-9), **timing, **metrics,
                **cycle["servers"]}
+        if self.servers:  # a restarted worker is wired to its server again before its next rollout
+            row["workers_on_server"] = sum(bool(s["served"]) for s in stats)
         if update % 10 == 0 or update == 1:
             # GRPO: the share of groups dynamic sampling kept; PPO: how much of the return the critic explains
             signal = (f"kept {metrics['kept_groups']:.2f}" if "kept_groups" in metrics
@@ -165,5 +212,5 @@ class VLALoop(SyncLoop):
                 "wall_s": round(progress.wall_s, 2), "target_success": target,
                 "reached_target": bool(target is not None and success >= target),
                 "target_reward": target, "pipeline": self.vla.pipeline, "rollout_workers": len(self.workers),
-                "inference_servers": len(self.servers),
+                "inference_servers": len(self.servers), "recoveries": self.supervisor.recoveries,
                 "median": progress.timing_medians()}

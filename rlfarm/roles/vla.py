@@ -20,6 +20,7 @@ role that batches many workers (SEED-RL style) without changing the data the lea
 """
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -102,6 +103,10 @@ class VLARolloutWorker:
     def shapes(self) -> dict[str, int]:
         return self.policy_shapes
 
+    def stats(self) -> dict:
+        """Which process this incarnation is (the driver tells a restarted worker by its pid)."""
+        return {"pid": os.getpid()}
+
     def load_weights(self, weights: Publication | None) -> None:
         """The learner's `publish` (None: keep the weights held); loaded only if newer than those."""
         self.weights.load_newer(weights, self._load_trainable)
@@ -158,7 +163,7 @@ class VLARolloutWorker:
         stats = {"rollout_s": rollout_s, "env_s": state["env_s"], "infer_s": infer_s,
                  "overlap_s": max(0.0, state["env_s"] + infer_s - rollout_s), "inference_calls": calls,
                  "env_steps": env_steps, "episodes": n, "success_rate": float(batch["success"].mean()),
-                 "policy_version": version}
+                 "policy_version": version, "pid": os.getpid(), "served": self.server is not None}
         return batch | {"version": version}, stats
 
     @torch.no_grad()
@@ -221,6 +226,9 @@ class VLALearner:
         self.optimizer = torch.optim.AdamW([p for net in trained for p in net.parameters() if p.requires_grad],
                                            lr=cfg.lr, weight_decay=0.0)  # under LoRA, only the adapters (+ value head)
         self.version = 0
+
+    def stats(self) -> dict:
+        return {"pid": os.getpid(), "version": self.version}
 
     def publish(self) -> Publication:
         """The trainable tensors (LoRA adapters only, under LoRA: a small part of an HF VLA), as CPU copies."""

@@ -85,3 +85,39 @@ def test_a_worker_that_keeps_dying_ends_the_run_with_one_line(tmp_path):
     assert len(errors) == 1 and "labeler 0 died and run.max_restarts=0 is used up" in errors[0], err[-2000:]
     assert "Traceback" not in err, err[-2000:]
     assert not (run_dir / "summary.json").exists()
+
+
+VLA = ["experiment=simplevla", "topology=local_vla_server", "algo.max_updates=8", "algo.target_success=null",
+       "algo.groups_per_update=16", "algo.pipeline=false", "run.checkpoint=false", "logger=none"]
+
+
+@pytest.mark.slow
+def test_a_vla_worker_killed_mid_rollout_is_restarted_and_its_groups_played_again(tmp_path):
+    """The VLA family (GRPO, two rollout workers and an inference server): rollout worker 1 is SIGKILLed just after
+    an update's row is written, i.e. early in the next rollout. Ray restarts it, the driver re-wires it to its server
+    and has it play its seeds again from the start: every update still gets all 16 groups of 8, whole."""
+    pytest.importorskip("sapien", reason="SAPIEN is an optional extra: pip install -e .[sim]")
+    run_dir = tmp_path / "run"
+    proc = start_train(run_dir, *VLA)
+    try:
+        assert wait_for(lambda: len(metrics_rows(run_dir)) >= 2, 240), "the run did not start"
+        pid = next(r["pid"] for r in json.loads((run_dir / "roles.json").read_text())
+                   if (r["role"], r["index"]) == ("env_runner", 1))
+        rows = len(metrics_rows(run_dir))
+        assert wait_for(lambda: len(metrics_rows(run_dir)) > rows, 60, every=0.005)  # a rollout has just begun
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (record,) = summary["recoveries"]
+    assert (record["role"], record["index"], record["pid_before"]) == ("env_runner", 1, pid)
+    assert record["pid_after"] != pid and record["rollout"] == "re-ran its 8 groups", record
+    rows = metrics_rows(run_dir)
+    assert [row["updates"] for row in rows] == list(range(1, 9)) and summary["samples"] == 8 * 16 * 8
+    assert all(row["workers_on_server"] == 2 for row in rows)  # the new incarnation asks the server too
+    assert "env_runner 1 (pid %d) died; restarted as pid" % pid in (run_dir / "train.log").read_text()
+    roles = {(r["role"], r["index"]): r for r in json.loads((run_dir / "roles.json").read_text())}
+    assert roles[("env_runner", 1)]["restarts"] == 1 and roles[("env_runner", 1)]["pid"] == record["pid_after"]
