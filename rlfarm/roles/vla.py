@@ -1,6 +1,7 @@
-"""VLA roles for GRPO on a simulator (SimpleVLA-RL's recipe): a rollout worker and a learner.
+"""VLA roles for GRPO (SimpleVLA-RL's recipe) and PPO on a simulator: a rollout worker and a learner.
 
-`VLARolloutWorker` holds its envs (action-chunk wrapped) and a copy of the policy. `collect(weights, seeds)`
+`VLARolloutWorker` holds its envs (action-chunk wrapped) and the policy's instruction tokenizer; it builds a copy of the
+policy on first use, unless an inference server samples its actions (`set_server`). `collect(weights, seeds)`
 plays G episodes from each seed's initial state (a GRPO group: same seed, different action samples) and
 returns what the learner needs: per policy call the observation, the sampled action tokens and their
 log-probabilities at the rollout temperature (π_old), and per episode the binary success.
@@ -34,7 +35,8 @@ from rlfarm.algos.vla import VLAConfig, group_signal, update_vla
 from rlfarm.envs.action_chunks import ActionChunkWrapper, ActionTokenizer
 from rlfarm.envs.vla_tasks import instruction_vocabulary, make_vla_task
 from rlfarm.models.lm import trainable_state_dict
-from rlfarm.models.vla import HFVLAActions, TinyVLA, load_hf_vla_actions, tiny_vla
+from rlfarm.models.vla import (HFInstructionTokenizer, HFVLAActions, InstructionTokenizer, TinyVLA,
+                               load_hf_vla_actions, tiny_vla)
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic
 from rlfarm.roles.versioned_weights import HeldWeights, Publication, publication
 from rlfarm.sync.local import HostSender
@@ -76,10 +78,20 @@ def load_trainable(policy, state: dict[str, torch.Tensor]) -> None:
         raise KeyError(f"rollout policy has no tensor {unexpected[0]!r} ({len(unexpected)} unknown names)")
 
 
-def policy_inputs(policy: TinyVLA, images, instructions, proprios, device="cpu"):
-    """Stacked observation fields → the three tensors the policy reads."""
+def instruction_tokenizer(cfg: VLAConfig) -> InstructionTokenizer | HFInstructionTokenizer:
+    """The tokenizer `build_policy(cfg, ...)`'s policy encodes instructions with, without building the policy."""
+    if cfg.model.get("source"):
+        from transformers import AutoTokenizer
+
+        return HFInstructionTokenizer(AutoTokenizer.from_pretrained(str(cfg.model["source"])),
+                                      int(cfg.model.get("max_words", 16)))
+    return InstructionTokenizer(instruction_vocabulary(cfg.env_id), int(cfg.model.get("max_words", 12)))
+
+
+def policy_inputs(tokenizer, images, instructions, proprios, device="cpu"):
+    """Stacked observation fields → the three tensors the policy reads (`tokenizer`: the policy's instruction one)."""
     return (torch.as_tensor(np.stack(images), device=device),
-            torch.as_tensor(policy.tokenizer.encode(instructions), device=device),
+            torch.as_tensor(tokenizer.encode(instructions), device=device),
             torch.as_tensor(np.stack(proprios), device=device))
 
 
@@ -91,7 +103,11 @@ class VLARolloutWorker:
         self.device = device or (assigned_device() if ray.is_initialized() else "cpu")
         self.envs = [make_env(cfg) for _ in range(groups * cfg.group_size)]
         self.policy_shapes = policy_shapes(self.envs[0])
-        self.policy = build_policy(cfg, self.policy_shapes).to(self.device).eval()
+        # The policy copy is built on first use: a worker whose calls go to an inference server never needs one (a
+        # VLA-sized copy per worker would cost GPU memory and start-up); the instruction tokenizer is all it needs.
+        self.policy: TinyVLA | HFVLAActions | None = None
+        self.tokenizer = instruction_tokenizer(cfg)
+        self.num_tokens = self.policy_shapes["action_dim"] * cfg.chunk_size
         space = self.envs[0].unwrapped.action_space
         self.action_tokenizer = ActionTokenizer(space.low, space.high, cfg.bins)  # actions are already [-1, 1]
         self.calls = -(-self.envs[0].unwrapped.max_steps // cfg.chunk_size)  # policy calls per episode, at most
@@ -112,7 +128,12 @@ class VLARolloutWorker:
         self.weights.load_newer(weights, self._load_trainable)
 
     def _load_trainable(self, state: dict[str, torch.Tensor]) -> None:
-        load_trainable(self.policy, state)
+        load_trainable(self._local_policy(), state)
+
+    def _local_policy(self) -> TinyVLA | HFVLAActions:
+        if self.policy is None:
+            self.policy = build_policy(self.cfg, self.policy_shapes).to(self.device).eval()
+        return self.policy
 
     def set_server(self, server) -> None:
         """Infer through this VLAInferenceServer (rlfarm/roles/vla_server.py) instead of the worker's own policy copy,
@@ -133,10 +154,10 @@ class VLARolloutWorker:
         # _step_envs, so that pictures are always taken on one thread at a time and count as env time
         obs = [dict(env.reset(seed=int(seeds[i // size]))[0]) for i, env in enumerate(self.envs)]
         batch = {"image": np.zeros((n, self.calls, *env0.observation_space["image"].shape), np.uint8),
-                 "words": np.zeros((n, self.calls, self.policy.tokenizer.max_words), np.int64),
+                 "words": np.zeros((n, self.calls, self.tokenizer.max_words), np.int64),
                  "proprio": np.zeros((n, self.calls, env0.observation_space["proprio"].shape[0]), np.float32),
-                 "tokens": np.zeros((n, self.calls, self.policy.num_tokens), np.int64),
-                 "logprobs": np.zeros((n, self.calls, self.policy.num_tokens), np.float32),
+                 "tokens": np.zeros((n, self.calls, self.num_tokens), np.int64),
+                 "logprobs": np.zeros((n, self.calls, self.num_tokens), np.float32),
                  "called": np.zeros((n, self.calls), bool), "success": np.zeros(n, np.float32),
                  "steps": np.zeros(n, np.int64)}
         state = {"obs": obs, "active": np.ones(n, bool), "call": np.zeros(n, np.int64), "env_s": 0.0}
@@ -170,13 +191,13 @@ class VLARolloutWorker:
     def _infer(self, live: np.ndarray, state: dict, batch: dict) -> np.ndarray:
         """Sample action tokens for the live envs, record the call, return their action chunks [len(live), K, D]."""
         obs = [state["obs"][i] for i in live]
-        inputs = policy_inputs(self.policy, [o["image"] for o in obs], [o["instruction"] for o in obs],
+        inputs = policy_inputs(self.tokenizer, [o["image"] for o in obs], [o["instruction"] for o in obs],
                                [o["proprio"] for o in obs])  # on the host: recorded as they are, sent once
         if self.server is not None:  # the worker's thread waits here while its env thread steps the other group
             tokens, logprobs, version = ray.get(self.server.sample.remote(*(t.numpy() for t in inputs)))
             tokens, logprobs = torch.tensor(tokens), torch.tensor(logprobs)  # copies: Ray hands read-only arrays
         else:
-            tokens, logprobs = self.policy.sample(*(t.to(self.device) for t in inputs), self.cfg.temperature,
+            tokens, logprobs = self._local_policy().sample(*(t.to(self.device) for t in inputs), self.cfg.temperature,
                                                   self.generator)
             version = self.weights.version
         self._versions.append(version)
