@@ -4,6 +4,7 @@
 #                         many runners); its bench figure alone comes from gpu_checks.sh
 #   farm_e2e.sh farm      reward=env with frames rendered but unused, then reward=clip (ViT-L/14 shape, 224 px),
 #                         same runners/batch/UTD, $WALL s each
+# A compiled reward tower compiles while its labeler starts (run.restart_timeout_s=300 leaves room for ViT-L/14).
 # Env: TOPO (split_1_1 on 2 GPUs, split_1_3 on 4), RUNNERS, NUM_ENVS, WORKERS, UTD, BATCH, WALL, LABELERS, RUNS, TAG, EXTRA.
 set -uo pipefail
 PHASE=${1:-farm}
@@ -11,6 +12,7 @@ source launch/device/gpu_env.sh
 NGPU=$(nvidia-smi -L | wc -l)
 TOPO=${TOPO:-$([ "$NGPU" -ge 4 ] && echo split_1_3 || echo split_1_1)}
 LABELERS=${LABELERS:-$(( (NGPU - 1) * 2 ))}
+LABELER_GPUS=$(python3 -c "print(int(($NGPU - 1) * 100 / $LABELERS) / 100)")  # the reward GPUs shared evenly
 RUNNERS=${RUNNERS:-16}; NUM_ENVS=${NUM_ENVS:-8}; WORKERS=${WORKERS:-0}; UTD=${UTD:-0.25}; BATCH=${BATCH:-1024}
 WALL=${WALL:-150}
 TAG=${TAG:-}   # suffix of the run names (e.g. _batch_render)
@@ -21,7 +23,7 @@ train() {  # name, overrides...
   local name=$1; shift
   local pid; pid=$(sample_gpus /tmp/gpu_$name.csv)
   timeout $((WALL + 150)) rlfarm train topology=$TOPO env=halfcheetah run.live=false total_env_steps=100000000 \
-    topology.roles.labeler.count=$LABELERS topology.roles.labeler.gpus=0.5 \
+    topology.roles.labeler.count=$LABELERS topology.roles.labeler.gpus=$LABELER_GPUS run.restart_timeout_s=300 \
     run.max_wall_s=$WALL hydra.run.dir=/tmp/$name "$@" > /tmp/$name.log 2>&1
   echo "$name rc=$?"; kill "$pid"; tail -3 /tmp/$name.log | cut -c1-400
   python3 launch/device/collect.py main /tmp/$name /tmp/gpu_$name.csv > "$OUT/$name.json"

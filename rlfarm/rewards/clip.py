@@ -38,7 +38,9 @@ class ClipReward(RewardModel):
     goal_prompts, baseline_prompts: each averaged into one unit text embedding (computed once, in setup).
     frame_size: side of the frames runners render; frames are resized to the model's input size anyway.
     dtype: weights' dtype on CUDA ("bfloat16"); CPU always runs float32.
-    compile: torch.compile the image tower (CUDA only; first batches pay the compile).
+    compile: torch.compile the image tower (CUDA only). It compiles in `setup`, i.e. while the labeler starts, once
+        for every sub-batch size (the batch dimension dynamic): a compile in the first calls would stall the whole
+        pipeline for a minute (ViT-L/14) while env steps wait on credits, and a bus of a new size would compile again.
     max_batch: frames per forward pass, bounding activation memory for large labeler buses.
     """
 
@@ -84,7 +86,25 @@ class ClipReward(RewardModel):
                 f"goal and baseline prompts embed identically ({self.goal_prompts} vs {self.baseline_prompts}); "
                 "make reward.goal_prompts describe the task and reward.baseline_prompts only the scene"
             )
-        self._image_tower = torch.compile(self._embed_pixels) if self.compile and on_cuda else self._embed_pixels
+        self._image_tower = self._embed_pixels
+        if self.compile and on_cuda:
+            self._image_tower = torch.compile(self._embed_pixels)
+            self._compile_now()
+
+    @torch.inference_mode()
+    def _compile_now(self) -> None:
+        """One compile with the batch dimension symbolic (2..max_batch): every later sub-batch reuses it. Size 1 would
+        specialize (a compile of its own), so `_tower` pads single frames to two."""
+        side = self._image_size
+        pixels = torch.zeros((max(self.max_batch, 2), 3, side, side), device=self._device, dtype=self._dtype)
+        torch._dynamo.mark_dynamic(pixels, 0, min=2, max=max(self.max_batch, 2))
+        self._image_tower(pixels)
+        torch.cuda.synchronize(self._device)
+
+    def _tower(self, pixels: torch.Tensor) -> torch.Tensor:
+        if len(pixels) == 1 and self._image_tower is not self._embed_pixels:
+            return self._image_tower(pixels.expand(2, -1, -1, -1))[:1]
+        return self._image_tower(pixels)
 
     @torch.inference_mode()
     def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
@@ -95,7 +115,7 @@ class ClipReward(RewardModel):
         rewards = []
         for index, start in enumerate(range(0, len(frames), self.max_batch)):
             chunk = self._upload(frames[start : start + self.max_batch], index % 2)
-            x = self._image_tower(self._preprocess(chunk)).float()
+            x = self._tower(self._preprocess(chunk)).float()
             rewards.append(goal_baseline_reward(F.normalize(x, dim=-1), self._goal, self._baseline, self.alpha))
         return torch.cat(rewards).cpu().numpy().astype(np.float32)
 

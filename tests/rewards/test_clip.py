@@ -111,6 +111,25 @@ def test_cuda_bf16_rewards_agree_with_cpu_fp32(tiny_clip, compile):
     np.testing.assert_allclose(reward({"frames": frames[::-1]}), reference[::-1], atol=5e-3)
 
 
+@pytest.mark.gpu
+def test_compiled_tower_compiles_at_setup_and_never_again(tiny_clip):
+    """reward.compile=true: the compile happens in setup (labeler start-up), with the batch dimension dynamic, so buses
+    of any size (full sub-batches, tails, a single frame) run without another compile and agree with eager."""
+    from torch._dynamo.utils import counters
+
+    frames = np.random.default_rng(3).integers(0, 256, size=(300, 48, 48, 3), dtype=np.uint8)
+    eager = ClipReward(tiny_clip, ["a cheetah running fast"], ["a cheetah"], max_batch=128)
+    eager.setup("cuda:0")
+    reward = ClipReward(tiny_clip, ["a cheetah running fast"], ["a cheetah"], compile=True, max_batch=128)
+    before = counters["stats"]["unique_graphs"]
+    reward.setup("cuda:0")
+    compiled = counters["stats"]["unique_graphs"]
+    assert compiled > before  # compiled in setup
+    for size in (300, 128, 77, 2, 1):  # sub-batches of 128 + tails of every kind
+        np.testing.assert_allclose(reward({"frames": frames[:size]}), eager({"frames": frames[:size]}), atol=5e-3)
+    assert counters["stats"]["unique_graphs"] == compiled  # no compile after setup
+
+
 def test_missing_model_path_is_one_line_error(tmp_path):
     missing = tmp_path / "no_such_clip"
     with pytest.raises(RewardModelError) as error:
