@@ -189,6 +189,12 @@ class GraphedDecoding:
             decoding = cls(policy, buckets)
             for size in sorted(buckets, reverse=True):  # largest first: the smaller ones reuse its pool's memory
                 decoding.step_for(size, torch.device(device))
+            # one whole sample (eager prompt into the static cache, then replays), so a failure shows here, not in a
+            # worker's call
+            image = torch.zeros(2, 3, policy.image_size, policy.image_size, dtype=torch.uint8, device=device)
+            words = torch.full((2, policy.tokenizer.max_words), policy.tokenizer.pad_id, device=device)
+            decoding.sample(image, words, 1.0, torch.Generator(device).manual_seed(0))
+            torch.cuda.synchronize()
             return decoding, f"on (batch sizes {', '.join(map(str, buckets))})"
         except Exception as error:  # noqa: BLE001 - eager decoding still works; the reason goes into stats
             torch.cuda.synchronize()
