@@ -62,6 +62,39 @@ def instruction_vocabulary(tasks=tuple(TASKS)) -> list[str]:
     return sorted({word for task in tasks for template in TASKS[task] for word in template.split()})
 
 
+def episode_instruction(task: str, rng: np.random.Generator) -> str:
+    """One of the task's templates, drawn from the episode's generator (gymnasium's `np_random` of the reset seed)."""
+    templates = TASKS[task]
+    return templates[rng.integers(len(templates))]
+
+
+def seed_instruction(task: str, seed: int) -> str:
+    """The instruction `ManiSkillTask.reset(seed=seed)` gives: the batched tasks draw theirs the same way."""
+    return episode_instruction(task, gym.utils.seeding.np_random(int(seed))[0])
+
+
+def camera_rgb(base, camera, show_goal: bool):
+    """What `camera` of the ManiSkill env `base` sees now, for every parallel scene at once: uint8 torch
+    [num_envs, S, S, 3] on the render device (`show_goal`: see ManiSkillTask)."""
+    hidden = [] if show_goal else base._hidden_objects
+    for actor in hidden:
+        actor.hide_visual()
+    base.scene.update_render(update_sensors=True, update_human_render_cameras=False)
+    camera.capture()
+    rgb = camera.get_obs(rgb=True, depth=False, position=False, segmentation=False)["rgb"]
+    for actor in hidden:
+        actor.show_visual()
+    return rgb
+
+
+def proprio_tensor(base):
+    """float32 torch [num_envs, PROPRIO_DIM]: the tool-centre point's position and the two finger joints."""
+    import torch
+
+    agent = base.agent
+    return torch.cat([agent.tcp.pose.p, agent.robot.get_qpos()[:, -2:]], dim=1).float()
+
+
 def render_backend(render_device: str) -> str:
     """'auto' → 'cuda' where torch sees a GPU, else 'cpu'; 'cpu', 'cuda' and 'cuda:N' pass through."""
     if render_device == "auto":
@@ -156,8 +189,7 @@ class ManiSkillTask(gym.Env):
         super().reset(seed=seed)
         self.env.reset(seed=seed)  # ManiSkill seeds its episode RNG (and torch's, for the draw) from it
         self.steps, self.tick = 0, self.tick + 1
-        templates = TASKS[self.task]
-        self.instruction = templates[self.np_random.integers(len(templates))]
+        self.instruction = episode_instruction(self.task, self.np_random)
         return self._obs(), {"success": False}
 
     def step(self, action):
@@ -173,18 +205,10 @@ class ManiSkillTask(gym.Env):
 
     # -- observations ----------------------------------------------------------------------------------
     def _obs(self) -> Observation:
-        agent = self.base.agent
-        proprio = np.concatenate([agent.tcp.pose.p[0].numpy(), agent.robot.get_qpos()[0, -2:].numpy()])
-        return Observation(self, {"proprio": proprio.astype(np.float32), "instruction": self.instruction})
+        proprio = proprio_tensor(self.base)[0].numpy()
+        return Observation(self, {"proprio": proprio, "instruction": self.instruction})
 
     def picture(self) -> np.ndarray:
         """uint8 [3, S, S]: what the camera sees now."""
-        hidden = [] if self.show_goal else self.base._hidden_objects
-        for actor in hidden:
-            actor.hide_visual()
-        self.base.scene.update_render(update_sensors=True, update_human_render_cameras=False)
-        self.camera.capture()
-        rgb = self.camera.get_obs(rgb=True, depth=False, position=False, segmentation=False)["rgb"]
-        for actor in hidden:
-            actor.show_visual()
+        rgb = camera_rgb(self.base, self.camera, self.show_goal)
         return np.ascontiguousarray(rgb[0].cpu().numpy().transpose(2, 0, 1))
