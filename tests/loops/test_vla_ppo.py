@@ -14,18 +14,6 @@ def _rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_separate_critic_is_trained_and_checkpointed_beside_the_policy(tmp_path):
-    run_dir = tmp_path / "run"
-    out = rlfarm("train", "experiment=ppo_vla", "algo.critic=separate", f"hydra.run.dir={run_dir}", "run.live=false",
-                 "algo.max_updates=2", "algo.groups_per_update=4", "algo.epochs=1", "algo.minibatches=1", timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = _rows(run_dir)
-    assert [row["updates"] for row in rows] == [1, 2]
-    assert rows[0]["value_mean"] == 0.0 and rows[1]["value_loss"] >= 0 and "kept_groups" not in rows[0]
-    saved = torch.load(run_dir / "checkpoints" / "final.pt", map_location="cpu", weights_only=True)
-    assert "value_head.weight" in saved["critic"] and not any("value_head" in name for name in saved["model"])
-
-
 @pytest.mark.slow
 def test_ppo_with_a_critic_learns_push_cube_through_the_inference_server(tmp_path):
     """Two rollout workers and one server (topology=local_vla_server), the value head shared with the policy (its

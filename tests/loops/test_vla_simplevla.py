@@ -13,8 +13,10 @@ def _rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_an_hf_vla_checkpoint_with_lora_trains_through_the_roles(tmp_path):
-    """model=hf_vla model.source=<folder>: a tiny saved Llava (model + tokenizer) as the policy, LoRA adapters only."""
+def test_an_hf_vla_checkpoint_with_lora_trains_through_the_roles_on_the_one_gpu_topology(tmp_path):
+    """model=hf_vla model.source=<folder>: a tiny saved Llava (model + tokenizer) as the policy, LoRA adapters only.
+    topology=vla_1gpu: learner and four rollout workers share one GPU (declared to Ray here, so the real placement group
+    is built and the workers infer on CPU); every worker plays its share of the groups."""
     import torch
 
     from rlfarm.models.lm_factory import save_random_llava
@@ -23,11 +25,12 @@ def test_an_hf_vla_checkpoint_with_lora_trains_through_the_roles(tmp_path):
     run_dir = tmp_path / "run"
     out = rlfarm("train", "experiment=simplevla", "model=hf_vla", f"model.source={folder}",
                  "model.config.lora={r: 4, lora_alpha: 8, target_modules: [q_proj, v_proj]}",
-                 f"hydra.run.dir={run_dir}", "run.live=false", "algo.max_updates=2", "algo.groups_per_update=2",
-                 "algo.group_size=4", timeout=300)
+                 "topology=vla_1gpu", "ray.num_gpus=1", "ray.num_cpus=6",
+                 f"hydra.run.dir={run_dir}", "run.live=false", "algo.max_updates=2", "algo.groups_per_update=4",
+                 "algo.group_size=2", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["updates"] == 2 and summary["samples"] == 2 * 2 * 4
+    assert summary["updates"] == 2 and summary["samples"] == 2 * 4 * 2 and summary["rollout_workers"] == 4
     rows = _rows(run_dir)
     assert all(row["staleness"] == 0 for row in rows) and rows[-1]["env_steps"] > 0
     saved = torch.load(run_dir / "checkpoints" / "final.pt", map_location="cpu", weights_only=False)
@@ -98,16 +101,3 @@ def test_simplevla_sigterm_checkpoints_then_resume_auto_finishes_the_same_update
     assert summary["samples"] == 40 * 2 * 4 and summary["env_steps"] == steps[-1]
     assert all(a < b for a, b in zip(steps, steps[1:]))  # counters continue across the resume, no reset
     assert rows[stopped_at]["staleness"] == 0  # the first resumed update used the restored weights' version
-
-
-@pytest.mark.slow
-def test_simplevla_on_the_one_gpu_topology_places_four_rollout_workers(tmp_path):
-    """topology=vla_1gpu: learner and four rollout workers share one GPU (declared to Ray here, so the real
-    placement group is built and the workers infer on CPU); every worker plays its share of the groups."""
-    run_dir = tmp_path / "run"
-    out = rlfarm("train", "experiment=simplevla", "topology=vla_1gpu", "ray.num_gpus=1", "ray.num_cpus=6",
-                 f"hydra.run.dir={run_dir}", "run.live=false", "algo.max_updates=1", "algo.groups_per_update=4",
-                 "algo.group_size=2", "run.checkpoint=false", timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["updates"] == 1 and summary["samples"] == 4 * 2 and summary["rollout_workers"] == 4

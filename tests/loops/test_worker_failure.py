@@ -87,15 +87,17 @@ def test_a_worker_that_keeps_dying_ends_the_run_with_one_line(tmp_path):
     assert not (run_dir / "summary.json").exists()
 
 
-VLA = ["experiment=simplevla", "topology=local_vla_server", "algo.max_updates=8", "algo.target_success=null",
-       "algo.groups_per_update=16", "algo.pipeline=false", "run.checkpoint=false", "logger=none"]
+# PPO with a separate critic: the restart path is the VLA family's (GRPO's too); the critic's checkpoint is checked here
+VLA = ["experiment=ppo_vla", "algo.critic=separate", "topology=local_vla_server", "algo.max_updates=8",
+       "algo.target_success=null", "algo.groups_per_update=128", "algo.epochs=1", "algo.minibatches=1",
+       "algo.pipeline=false", "logger=none"]
 
 
 @pytest.mark.slow
 def test_a_vla_worker_killed_mid_rollout_is_restarted_and_its_groups_played_again(tmp_path):
-    """The VLA family (GRPO, two rollout workers and an inference server): rollout worker 1 is SIGKILLed just after
-    an update's row is written, i.e. early in the next rollout. Ray restarts it, the driver re-wires it to its server
-    and has it play its seeds again from the start: every update still gets all 16 groups of 8, whole."""
+    """The VLA family (two rollout workers and an inference server): rollout worker 1 is SIGKILLed just after an
+    update's row is written, i.e. early in the next rollout. Ray restarts it, the driver re-wires it to its server and
+    has it play its seeds again from the start: every update still gets all 128 episodes, whole."""
     pytest.importorskip("sapien", reason="SAPIEN is an optional extra: pip install -e .[sim]")
     run_dir = tmp_path / "run"
     proc = start_train(run_dir, *VLA)
@@ -114,10 +116,16 @@ def test_a_vla_worker_killed_mid_rollout_is_restarted_and_its_groups_played_agai
     summary = json.loads((run_dir / "summary.json").read_text())
     (record,) = summary["recoveries"]
     assert (record["role"], record["index"], record["pid_before"]) == ("env_runner", 1, pid)
-    assert record["pid_after"] != pid and record["rollout"] == "re-ran its 8 groups", record
+    assert record["pid_after"] != pid and record["rollout"] == "re-ran its 64 groups", record
     rows = metrics_rows(run_dir)
-    assert [row["updates"] for row in rows] == list(range(1, 9)) and summary["samples"] == 8 * 16 * 8
+    assert [row["updates"] for row in rows] == list(range(1, 9)) and summary["samples"] == 8 * 128
     assert all(row["workers_on_server"] == 2 for row in rows)  # the new incarnation asks the server too
     assert "env_runner 1 (pid %d) died; restarted as pid" % pid in (run_dir / "train.log").read_text()
     roles = {(r["role"], r["index"]): r for r in json.loads((run_dir / "roles.json").read_text())}
     assert roles[("env_runner", 1)]["restarts"] == 1 and roles[("env_runner", 1)]["pid"] == record["pid_after"]
+    # the separate critic trains beside the policy and is checkpointed with it; the policy has no value head
+    assert rows[0]["value_mean"] == 0.0 and rows[-1]["value_loss"] >= 0 and "kept_groups" not in rows[0]
+    import torch
+
+    saved = torch.load(run_dir / "checkpoints" / "final.pt", map_location="cpu", weights_only=True)
+    assert "value_head.weight" in saved["critic"] and not any("value_head" in name for name in saved["model"])
