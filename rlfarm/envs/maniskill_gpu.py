@@ -50,12 +50,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import torch
 
 from rlfarm.envs import maniskill_tasks
-from rlfarm.envs.maniskill_tasks import CAMERA, PROPRIO_DIM, TASKS, camera_rgb, proprio_tensor, seed_instruction
+from rlfarm.envs.maniskill_tasks import PROPRIO_DIM, TASKS, camera_rgb, proprio_tensor, seed_instruction
 
 SIM_BACKENDS = {"gpu": "physx_cuda", "cpu": "physx_cpu"}
 
@@ -126,17 +125,9 @@ class ManiSkillGPUTasks:
         if sim_backend == "gpu" and render == "cpu":
             render = "cuda"  # GPU simulation hands poses to the renderer on the GPU
         extra = {"sim_config": dict(sim_config)} if sim_config else {}
-        self.env = gym.make(task, num_envs=self.num_envs, obs_mode="none", reward_mode="sparse",
-                            control_mode=control_mode, sim_backend=SIM_BACKENDS[sim_backend], render_backend=render,
-                            sensor_configs={"width": self.image_size, "height": self.image_size},
-                            robot_init_qpos_noise=robot_init_qpos_noise, max_episode_steps=self.max_steps, **extra)
-        self.base = self.env.unwrapped
-        if CAMERA not in self.base._sensors:
-            raise RuntimeError(f"{task} has no '{CAMERA}' camera: rendering is off (no Vulkan device?)")
-        self.camera = self.base._sensors[CAMERA]
-        space = self.base.single_action_space
-        if not (np.all(space.low == -1.0) and np.all(space.high == 1.0)):
-            raise RuntimeError(f"expected a normalized [-1, 1] action space, got {space}")
+        self.env, self.base, self.camera, space = maniskill_tasks.open_camera_task(
+            task, self.image_size, self.max_steps, control_mode, SIM_BACKENDS[sim_backend], render,
+            robot_init_qpos_noise, num_envs=self.num_envs, **extra)
         self.action_dim, self.proprio_dim = int(space.shape[0]), PROPRIO_DIM
         self.device = torch.device(self.base.device)
         self.success = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)

@@ -147,6 +147,22 @@ class Observation(Mapping):
         return 1 + len(self._fields)
 
 
+def open_camera_task(task: str, image_size: int, max_steps: int, control_mode: str, sim_backend: str, render: str,
+                     robot_init_qpos_noise: float, **make_kwargs):
+    """gym.make of a ManiSkill task with state-free observations, a sparse reward and its camera at `image_size`;
+    (env, env.unwrapped, the camera sensor, the single env's action space, checked to be [-1, 1])."""
+    env = gym.make(task, obs_mode="none", reward_mode="sparse", control_mode=control_mode, sim_backend=sim_backend,
+                   render_backend=render, sensor_configs={"width": image_size, "height": image_size},
+                   robot_init_qpos_noise=robot_init_qpos_noise, max_episode_steps=max_steps, **make_kwargs)
+    base = env.unwrapped
+    if CAMERA not in base._sensors:
+        raise RuntimeError(f"{task} has no '{CAMERA}' camera: rendering is off (no Vulkan device?)")
+    space = base.single_action_space
+    if not (np.all(space.low == -1.0) and np.all(space.high == 1.0)):
+        raise RuntimeError(f"expected a normalized [-1, 1] action space, got {space}")
+    return env, base, base._sensors[CAMERA], space
+
+
 class ManiSkillTask(gym.Env):
     metadata = {"render_modes": []}
 
@@ -161,17 +177,9 @@ class ManiSkillTask(gym.Env):
             raise ValueError(f"task must be one of {sorted(TASKS)} (no downloaded assets), got {task!r}")
         self.task, self.image_size, self.max_steps = task, int(image_size), int(max_steps)
         self.show_goal = bool(show_goal)
-        self.env = gym.make(task, obs_mode="none", reward_mode="sparse", control_mode=control_mode,
-                            sim_backend="physx_cpu", render_backend=render_backend(render_device),
-                            sensor_configs={"width": self.image_size, "height": self.image_size},
-                            robot_init_qpos_noise=robot_init_qpos_noise, max_episode_steps=self.max_steps)
-        self.base = self.env.unwrapped
-        if CAMERA not in self.base._sensors:
-            raise RuntimeError(f"{task} has no '{CAMERA}' camera: rendering is off (no Vulkan device?)")
-        self.camera = self.base._sensors[CAMERA]
-        space = self.base.single_action_space
-        if not (np.all(space.low == -1.0) and np.all(space.high == 1.0)):
-            raise RuntimeError(f"expected a normalized [-1, 1] action space, got {space}")
+        self.env, self.base, self.camera, space = open_camera_task(
+            task, self.image_size, self.max_steps, control_mode, "physx_cpu", render_backend(render_device),
+            robot_init_qpos_noise)
         self.action_space = gym.spaces.Box(-1.0, 1.0, space.shape, np.float32)
         self.observation_space = gym.spaces.Dict({
             "image": gym.spaces.Box(0, 255, (3, self.image_size, self.image_size), np.uint8),
