@@ -25,7 +25,7 @@ from rlfarm.models.lm_factory import count_parameters
 from rlfarm.roles.vla_server import GraphedDecoding, inference_policy
 
 report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
-for shape in ("vitb16-qwen0.5b", "vitl14-qwen0.5b"):
+for shape in os.environ.get("SHAPES", "vitb16-qwen0.5b vitl14-qwen0.5b").split():
     path, row = f"/tmp/rlfarm-vla-{shape}", {}
     started = time.perf_counter()
     if not os.path.exists(f"{path}/config.json"):

@@ -91,19 +91,18 @@ class ClipReward(RewardModel):
             self._image_tower = torch.compile(self._embed_pixels)
             self._compile_now()
 
-    @torch.inference_mode()
     def _compile_now(self) -> None:
-        """One compile with the batch dimension symbolic (2..max_batch): every later sub-batch reuses it. Size 1 would
-        specialize (a compile of its own), so `_tower` pads single frames to two."""
-        side = self._image_size
-        pixels = torch.zeros((max(self.max_batch, 2), 3, side, side), device=self._device, dtype=self._dtype)
-        torch._dynamo.mark_dynamic(pixels, 0, min=2, max=max(self.max_batch, 2))
-        self._image_tower(pixels)
+        """Compile through the real call path (upload, preprocess, tower) on frames of the size runners render: a full
+        sub-batch (a static graph), then another size (the recompile with the batch dimension symbolic, 2..max_batch),
+        so no later bus compiles. Size 1 would specialize (a compile of its own): `_tower` pads it to two."""
+        frames = np.zeros((max(self.max_batch, 2), self.frame_size, self.frame_size, 3), np.uint8)
+        self({"frames": frames})
+        self({"frames": frames[: max(self.max_batch // 2 + 1, 3)]})
         torch.cuda.synchronize(self._device)
 
     def _tower(self, pixels: torch.Tensor) -> torch.Tensor:
         if len(pixels) == 1 and self._image_tower is not self._embed_pixels:
-            return self._image_tower(pixels.expand(2, -1, -1, -1))[:1]
+            return self._image_tower(torch.cat([pixels, pixels]))[:1]  # contiguous, as every other batch
         return self._image_tower(pixels)
 
     @torch.inference_mode()

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from rlfarm.algos.vla import VLAConfig
+from rlfarm.models.gqa_decoding import use_packed_gqa_decoding
 from rlfarm.roles.common import assigned_device, limit_threads
 from rlfarm.roles.versioned_weights import HeldWeights, Publication
 from rlfarm.roles.vla import build_policy, load_trainable
@@ -49,6 +50,8 @@ def inference_dtype(policy, device: str, dtype: str = "auto") -> torch.dtype:
 def inference_policy(cfg: VLAConfig, shapes: dict[str, int], device: str, dtype: str = "auto"):
     """A rollout copy of the policy on `device`, in eval mode, its HF model cast to `inference_dtype`."""
     policy = build_policy(cfg, shapes).to(device).eval()
+    if hasattr(policy, "policy"):  # an HF VLA: decode steps read the KV cache without copying it per step
+        use_packed_gqa_decoding(policy.policy.model)
     wanted = inference_dtype(policy, device, dtype)
     if wanted != torch.float32:
         if not hasattr(policy, "policy"):
