@@ -173,6 +173,12 @@ class PPOLMSchema(GRPOSchema):
     value_clip: Optional[float]
 
 
+class ServerDtype(Choice):  # a VLA inference server's HF model (rlfarm/roles/vla_server.py: inference_dtype)
+    auto = "auto"          # bfloat16 on a GPU, float32 elsewhere
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
 @dataclass
 class GRPOVLASchema(GroupPolicySchema):
     groups_per_update: int
@@ -184,6 +190,8 @@ class GRPOVLASchema(GroupPolicySchema):
     # after a batch's first request (rlfarm/roles/vla_server.py)
     server_max_batch: int = 256
     server_max_wait_ms: float = 5.0
+    server_dtype: ServerDtype = ServerDtype.auto
+    server_graphs: bool = True   # decode action tokens from CUDA graphs (HF VLAs on a GPU; else ignored)
 
 
 class Critic(Choice):  # algo=ppo_vla: where V(observation) comes from (rlfarm/algos/ppo_vla.py)
@@ -204,6 +212,8 @@ class PPOVLASchema(GroupPolicySchema):
     critic: Critic
     server_max_batch: int = 256
     server_max_wait_ms: float = 5.0
+    server_dtype: ServerDtype = ServerDtype.auto
+    server_graphs: bool = True   # decode action tokens from CUDA graphs (HF VLAs on a GPU; else ignored)
 
 
 @dataclass

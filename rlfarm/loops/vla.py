@@ -84,7 +84,8 @@ class VLALoop(SyncLoop):
         # An engine role: batching inference servers the workers share (worker i → server i mod S)
         self.servers = [ray.remote(VLAInferenceServer).options(**placed.options(p), max_concurrency=SERVER_CALLS).remote(
                             self.vla, shapes, int(cfg.algo.server_max_batch), float(cfg.algo.server_max_wait_ms),
-                            p.threads) for p in plan.of("engine")]
+                            p.threads, dtype=str(cfg.algo.server_dtype), graphs=bool(cfg.algo.server_graphs))
+                        for p in plan.of("engine")]
         ray.get([self._wire(i) for i in range(len(self.workers))])
         self.supervisor = Supervisor(self.learner, self.workers, [], int(cfg.run.max_restarts), run.dir / "roles.json")
         self.title = f"rlfarm · {cfg.algo.name} · {cfg.env.id} · {cfg.topology.name}"
@@ -105,6 +106,8 @@ class VLALoop(SyncLoop):
         self.supervisor.poll(float(self.cfg.run.role_timeout_s))  # every role's pid, for roles.json
         self.supervisor.write_roles_file()
         self._server_stats = [{"busy_s": 0.0, "wall_s": 0.0, "batches": 0, "observations": 0} for _ in self.servers]
+        started = ray.get([server.stats.remote() for server in self.servers])
+        self._server_decoding = {"dtype": started[0]["dtype"], "graphs": started[0]["graphs"]} if started else None
 
     def _step(self) -> dict:
         """One cycle: collect (workers) → update (learner) → publish; the workers' stats, the learner's metrics
@@ -212,5 +215,6 @@ class VLALoop(SyncLoop):
                 "wall_s": round(progress.wall_s, 2), "target_success": target,
                 "reached_target": bool(target is not None and success >= target),
                 "target_reward": target, "pipeline": self.vla.pipeline, "rollout_workers": len(self.workers),
-                "inference_servers": len(self.servers), "recoveries": self.supervisor.recoveries,
+                "inference_servers": len(self.servers), "server_decoding": self._server_decoding,
+                "recoveries": self.supervisor.recoveries,
                 "median": progress.timing_medians()}

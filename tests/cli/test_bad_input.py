@@ -223,6 +223,8 @@ CASES = [
                  id="ppo-vla-critic-choice"),
     pytest.param(["train", "experiment=ppo_vla", "algo.value_coef=-1"], "algo.value_coef must be >= 0",
                  id="ppo-vla-value-coef"),
+    pytest.param(["train", "experiment=simplevla", "algo.server_dtype=bf16"],
+                 "algo.server_dtype must be one of auto|float32|bfloat16", id="vla-server-dtype"),
     # a learned reward: a file that fit-reward did not write; fit-reward's own options
     pytest.param(["train", "reward=model", "reward.model={tmp}/a_file"], "reward.model: cannot read fitted reward",
                  id="fitted-reward-not-a-fitted-file"),

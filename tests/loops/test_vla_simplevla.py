@@ -59,6 +59,7 @@ def test_tiny_vla_learns_push_cube_within_5_minutes(tmp_path):
     assert all(row["reward"] * 64 == round(row["reward"] * 64) for row in rows)  # a fraction of 64 episodes
     assert (run_dir / "checkpoints" / "final.pt").exists()
     assert summary["inference_servers"] == 1 and summary["rollout_workers"] == 2
+    assert summary["server_decoding"] == {"dtype": "float32", "graphs": "off (the tiny VLA decodes in one pass)"}
     # each worker's call carries at most half its 32 envs: a mean above 16 means calls of both workers shared batches
     assert all(row["server_batch_mean"] > 0 and 0 < row["server_busy"] <= 1 for row in rows)
     assert max(row["server_batch_mean"] for row in rows) > 16
