@@ -203,19 +203,25 @@ class HFVLAPolicy(nn.Module):
         for _ in range(self.num_tokens):
             out = self.model(**step_input, attention_mask=_extend(prompt_mask, ids), use_cache=True,
                              logits_to_keep=1, **{self._cache_kwarg: cache})
-            logits = out.logits[:, -1, self.first_action_id:].float()
-            if temperature == 0:
-                token = logits.argmax(-1)
-                logprob = torch.zeros_like(token, dtype=torch.float32)
-            else:
-                step = torch.log_softmax(logits / temperature, dim=-1)
-                token = torch.multinomial(step.exp(), 1, generator=generator).squeeze(-1)
-                logprob = step.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+            token, logprob = sample_action_token(out.logits[:, -1, self.first_action_id:], temperature, generator)
             tokens.append(token)
             logprobs.append(logprob)
             step_input = {"input_ids": (token + self.first_action_id).unsqueeze(1)}
             ids = torch.cat([ids, step_input["input_ids"]], dim=1)
         return torch.stack(tokens, 1), torch.stack(logprobs, 1)
+
+
+def sample_action_token(scores: torch.Tensor, temperature: float, generator: torch.Generator | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step's (token [B], its log-prob [B]) from the action bins' scores [B, bins]: the tempered
+    log-softmax the learner's recompute uses; temperature 0 is greedy (log-prob 0)."""
+    scores = scores.float()
+    if temperature == 0:
+        token = scores.argmax(-1)
+        return token, torch.zeros_like(token, dtype=torch.float32)
+    tempered = torch.log_softmax(scores / temperature, dim=-1)
+    token = torch.multinomial(tempered.exp(), 1, generator=generator).squeeze(-1)
+    return token, tempered.gather(-1, token.unsqueeze(-1)).squeeze(-1)
 
 
 def _extend(prompt_mask: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ import torch
 
 from rlfarm.algos.vla import VLAConfig
 from rlfarm.models.gqa_decoding import use_packed_gqa_decoding
+from rlfarm.models.vla import sample_action_token
 from rlfarm.roles.common import assigned_device, limit_threads
 from rlfarm.roles.versioned_weights import HeldWeights, Publication
 from rlfarm.roles.vla import build_policy, load_trainable
@@ -271,14 +272,7 @@ class GraphedDecoding:
                 step["position"].fill_(self.prompt + t - 1)
                 step["mask"][:, 0, 0, self.prompt + t - 1] = True
                 logits = self._decode(step)
-            scores = logits[:, -1, first:].float()
-            if temperature == 0:
-                token = scores.argmax(-1)
-                logprob = torch.zeros_like(token, dtype=torch.float32)
-            else:
-                tempered = torch.log_softmax(scores / temperature, dim=-1)
-                token = torch.multinomial(tempered.exp(), 1, generator=generator).squeeze(-1)
-                logprob = tempered.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+            token, logprob = sample_action_token(logits[:, -1, first:], temperature, generator)
             tokens.append(token)
             logprobs.append(logprob)
         return torch.stack(tokens, 1)[:rows], torch.stack(logprobs, 1)[:rows]
