@@ -3,6 +3,7 @@
 import abc
 
 import numpy as np
+import torch
 
 
 class RewardModelError(RuntimeError):
@@ -30,3 +31,40 @@ class RewardModel(abc.ABC):
     @abc.abstractmethod
     def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """batch: arrays with leading dim n for each key in `needs`. Returns [n] float32 rewards."""
+
+    def start(self, batch: dict[str, np.ndarray]) -> "Pending":
+        """Begin labeling `batch`; the labeler prepares its next bus while the call runs and then takes the
+        result. A model on a GPU overrides this to queue its work and return at once (`OnDevice`); by default
+        the call runs here, to the end."""
+        return Pending(self(batch))
+
+
+class Pending:
+    """A reward-model call under way: `ready()` says (without blocking) whether `result()` would return at
+    once; `result()` waits and returns the [n] rewards. This one is already done."""
+
+    def __init__(self, rewards: np.ndarray):
+        self._rewards = rewards
+
+    def ready(self) -> bool:
+        return True
+
+    def result(self) -> np.ndarray:
+        return self._rewards
+
+
+class OnDevice(Pending):
+    """Rewards still being computed on a CUDA device: copied to (pinned) host memory behind the queued work,
+    with an event marking the copy's end, so neither starting nor polling the call blocks the labeler."""
+
+    def __init__(self, rewards: torch.Tensor):
+        self._host = rewards.float().to("cpu", non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+
+    def ready(self) -> bool:
+        return self._copied.query()
+
+    def result(self) -> np.ndarray:
+        self._copied.synchronize()
+        return self._host.numpy()

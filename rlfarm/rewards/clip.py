@@ -15,7 +15,7 @@ import os
 import numpy as np
 import torch
 import torch.nn.functional as F
-from rlfarm.rewards.base import RewardModel, RewardModelError
+from rlfarm.rewards.base import OnDevice, Pending, RewardModel, RewardModelError
 
 
 def goal_baseline_reward(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -105,9 +105,14 @@ class ClipReward(RewardModel):
             return self._image_tower(torch.cat([pixels, pixels]))[:1]  # contiguous, as every other batch
         return self._image_tower(pixels)
 
-    @torch.inference_mode()
     def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """batch["frames"]: [n, H, W, 3] uint8. Returns [n] float32."""
+        return self.start(batch).result()
+
+    @torch.inference_mode()
+    def start(self, batch: dict[str, np.ndarray]) -> Pending:
+        """Queue the whole batch on the device and return without waiting for it (on CUDA): the labeler gathers
+        and uploads its next bus while the tower runs on this one."""
         if self._clip is None:
             raise RewardModelError("ClipReward.setup(device) must run before labeling")
         frames = batch["frames"]
@@ -116,7 +121,8 @@ class ClipReward(RewardModel):
             chunk = self._upload(frames[start : start + self.max_batch], index % 2)
             x = self._tower(self._preprocess(chunk)).float()
             rewards.append(goal_baseline_reward(F.normalize(x, dim=-1), self._goal, self._baseline, self.alpha))
-        return torch.cat(rewards).cpu().numpy().astype(np.float32)
+        rewards = torch.cat(rewards)
+        return OnDevice(rewards) if rewards.is_cuda else Pending(rewards.numpy().astype(np.float32))
 
     def _upload(self, frames: np.ndarray, slot: int) -> torch.Tensor:
         """Frames onto the device. On CUDA they go through one of two pinned staging buffers, copied without

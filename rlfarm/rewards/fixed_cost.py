@@ -5,7 +5,9 @@ transition. A stand-in for a big reward model wherever the cost matters more tha
 
 On CUDA the time is spent by a GPU kernel that spins (`torch.cuda._sleep`, calibrated against CUDA events in
 `setup`), so the GPU is busy for as long as a real model would keep it and NVML sees it busy; on CPU the
-labeler sleeps, leaving its core free, like a call to a remote model.
+labeler waits, leaving its core free, like a call to a remote model. Like a GPU model, `start` returns at once
+(the labeler prepares its next bus meanwhile) and calls run one after another: a call started while another runs
+is ready `cost_s` after that one.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from rlfarm.rewards.base import RewardModel, RewardModelError
+from rlfarm.rewards.base import OnDevice, Pending, RewardModel, RewardModelError
 
 CALIBRATION_CYCLES = 20_000_000  # about 10 ms of spinning at a 2 GHz GPU clock: long enough to time well
 
@@ -34,6 +36,7 @@ class FixedCostReward(RewardModel):
         self.frame_size = frame_size
         self._device = torch.device("cpu")
         self._cycles_per_s: float | None = None
+        self._free_at = 0.0  # (CPU) when the last call started ends
 
     def cost_s(self, n: int) -> float:
         """Seconds one call on n transitions takes."""
@@ -45,15 +48,33 @@ class FixedCostReward(RewardModel):
             self._cycles_per_s = spin_cycles_per_s(self._device)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        return self.start(batch).result()
+
+    def start(self, batch: dict[str, np.ndarray]) -> Pending:
         rewards = np.array(batch["env_reward"], dtype=np.float32).reshape(-1)
         seconds = self.cost_s(len(rewards))
         if self._cycles_per_s is None:
-            time.sleep(seconds)
-        else:
-            with torch.cuda.device(self._device):
-                torch.cuda._sleep(int(seconds * self._cycles_per_s))
-                torch.cuda.synchronize()
-        return rewards
+            self._free_at = max(self._free_at, time.monotonic()) + seconds
+            return _ReadyAt(rewards, self._free_at)
+        with torch.cuda.device(self._device):
+            on_device = torch.from_numpy(rewards).to(self._device)  # before the spin: this copy waits for the stream
+            torch.cuda._sleep(int(seconds * self._cycles_per_s))
+            return OnDevice(on_device)
+
+
+class _ReadyAt(Pending):
+    """Rewards that a (simulated) remote model hands back at a monotonic time."""
+
+    def __init__(self, rewards: np.ndarray, ready_at: float):
+        super().__init__(rewards)
+        self.ready_at = ready_at
+
+    def ready(self) -> bool:
+        return time.monotonic() >= self.ready_at
+
+    def result(self) -> np.ndarray:
+        time.sleep(max(self.ready_at - time.monotonic(), 0.0))
+        return super().result()
 
 
 def spin_cycles_per_s(device: torch.device) -> float:

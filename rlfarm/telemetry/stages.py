@@ -1,5 +1,5 @@
 """Where the time goes, per stage: each role reports cumulative seconds per stage in its stats ("stage_s": runner
-act/step/credit_wait/send, labeler model/idle, learner update/store/publish/checkpoint/idle); `StageShares` turns
+act/step/credit_wait/send, labeler prepare/model/send/idle, learner update/store/publish/checkpoint/idle); `StageShares` turns
 the growth since the last look into each stage's share of the interval, per kind of role, and names the
 bottleneck: the kind of role busiest (its time not spent waiting on the others), e.g. "labelers 96 % busy".
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 KINDS = {"env_runner": ("runner", "runners", ("credit_wait",)),
          "labeler": ("labeler", "labelers", ("idle",)),
          "learner": ("learner", "learner", ("idle",))}
-ROW_STAGE = {("labeler", "model"): "busy"}  # the labeler's one working stage is its busy time
 
 
 class StageShares:
@@ -36,7 +35,7 @@ class StageShares:
                 continue
             shares = {stage: seconds / total for stage, seconds in grown.items()}
             for stage, share in shares.items():
-                row[f"{prefix}_{ROW_STAGE.get((kind, stage), stage)}_fraction"] = share
+                row[f"{prefix}_{stage}_fraction"] = share
             working = {stage: share for stage, share in shares.items() if stage not in waiting}
             busy = sum(working.values())
             row[f"{prefix}_busy_fraction"] = busy

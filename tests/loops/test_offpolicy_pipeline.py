@@ -35,3 +35,30 @@ def test_runner_stops_at_its_credits_and_resumes_on_ack(ray_cpu):
     ray.get(runner.stop.remote())
     ray.get(done, timeout=10)
     ray.get(labeler.stop.remote())
+
+
+def test_labeler_starts_the_next_bus_while_the_model_works_on_the_last(ray_cpu):
+    """A model that queues its work (a GPU model; here the fixed-cost stand-in of a remote one, 200 ms a call) gets
+    the next bus while it runs: chunks arriving every 50 ms are labeled in overlapping calls, each exactly once."""
+    ray = ray_cpu
+    import numpy as np
+    from omegaconf import OmegaConf
+    cfg = compose("train", ["reward=fixed_cost", "reward.batch_ms=200", "reward.item_us=0"])
+    runner = ray.remote(EnvRunner).remote(
+        0, OmegaConf.to_container(cfg.env), OmegaConf.to_container(cfg.model.actor), ["env_reward"], None, 0, 8, 2, 0, 1)
+    learner = ray.remote(SACLearner).options(max_concurrency=4).remote(  # stores what arrives; its loop is not run
+        OmegaConf.to_container(cfg.algo, resolve=True), OmegaConf.to_container(cfg.model), ray.get(runner.spaces.remote()), 0, 1)
+    labeler = ray.remote(Labeler).options(max_concurrency=4).remote(0, OmegaConf.to_container(cfg.reward), 8, 0.01, 1)
+    ray.get(labeler.set_learner.remote(learner))
+    labeler.run.remote()
+    for seq in range(8):
+        meta = {"runner": 0, "seq": seq, "size": 8, "produced_at": time.time()}
+        labeler.submit.remote(meta, {"env_reward": np.full(8, seq, np.float32)})
+        time.sleep(0.05)
+    assert wait_for(lambda: ray.get(labeler.stats.remote())["labeled"] == 64, 30)
+    stats = ray.get(labeler.stats.remote())
+    assert stats["batches"] >= 3 and stats["overlapped"] >= 2  # buses started while the one before was in the model
+    assert set(stats["stage_s"]) == {"prepare", "model", "send", "idle"}
+    assert stats["stage_s"]["model"] >= 0.2 * 2  # the calls ran one after another: the labeler waited for them
+    ray.get(labeler.stop.remote())
+    ray.kill(runner)

@@ -28,6 +28,18 @@ def test_returns_the_env_reward_after_its_cost_on_cpu():
     assert model.needs == ("env_reward",) and model.frame_size is None
 
 
+def test_a_started_call_returns_at_once_and_calls_run_one_after_another():
+    """Like a model on a GPU: `start` queues the call, a second call starts after the first ends."""
+    model = FixedCostReward(batch_ms=100, item_us=0)
+    model.setup("cpu")
+    started = time.monotonic()
+    first = model.start({"env_reward": np.array([1.0, 2.0])})
+    second = model.start({"env_reward": np.array([3.0])})
+    assert time.monotonic() - started < 0.05 and not first.ready() and not second.ready()
+    assert first.result().tolist() == [1.0, 2.0] and not second.ready()
+    assert second.result().tolist() == [3.0] and time.monotonic() - started >= 0.2
+
+
 def test_bad_costs_are_refused():
     with pytest.raises(RewardModelError, match="max_batch >= 1"):
         FixedCostReward(max_batch=0)
@@ -48,3 +60,8 @@ def test_the_gpu_is_busy_for_the_cost():
     end.record()
     end.synchronize()
     assert 0.8 * 40 <= start.elapsed_time(end) <= 1.25 * 40
+    # started, the call is queued on the GPU and the host goes on (the labeler prepares its next bus meanwhile)
+    queued = time.perf_counter()
+    pending = model.start({"env_reward": np.ones(600)})
+    assert time.perf_counter() - queued < 0.02 and not pending.ready()
+    assert pending.result().tolist() == [1.0] * 600 and pending.ready()
