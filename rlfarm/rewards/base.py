@@ -16,6 +16,8 @@ class RewardModel(abc.ABC):
     needs: the chunk keys this model reads, e.g. ("env_reward",) or ("frames",); runners must emit them.
     frame_size: side of the square RGB frames the runners must render, None when the model reads no frames.
     frame_stack: how many consecutive renders each frame holds (1: the state after the step; 2: before and after).
+    takes_parts: keys the model accepts as a list of the bus's per-chunk arrays instead of one concatenated array
+        (a model that copies its input into staging buffers anyway saves a host copy of every bus).
 
     Constructed where the config is instantiated (cheap, picklable); `setup` loads weights once in the
     labeler process, on the device Ray gave it.
@@ -24,6 +26,7 @@ class RewardModel(abc.ABC):
     needs: tuple[str, ...]
     frame_size: int | None
     frame_stack: int = 1  # renders per frame, oldest first on the channels ([n, S, S, 3k]): 2 shows motion
+    takes_parts: tuple[str, ...] = ()
 
     def setup(self, device: str) -> None:
         """Load weights onto device ("cpu", "cuda:0"). Models without weights need nothing here."""

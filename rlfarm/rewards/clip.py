@@ -45,6 +45,7 @@ class ClipReward(RewardModel):
     """
 
     needs = ("frames",)
+    takes_parts = ("frames",)  # the labeler hands over its chunks' frames as they are: one host copy, into staging
 
     def __init__(
         self,
@@ -86,6 +87,7 @@ class ClipReward(RewardModel):
                 f"goal and baseline prompts embed identically ({self.goal_prompts} vs {self.baseline_prompts}); "
                 "make reward.goal_prompts describe the task and reward.baseline_prompts only the scene"
             )
+        self._copy_stream = torch.cuda.Stream(self._device) if on_cuda else None
         self._image_tower = self._embed_pixels
         if self.compile and on_cuda:
             self._image_tower = torch.compile(self._embed_pixels)
@@ -116,26 +118,36 @@ class ClipReward(RewardModel):
         if self._clip is None:
             raise RewardModelError("ClipReward.setup(device) must run before labeling")
         frames = batch["frames"]
+        parts = list(frames) if isinstance(frames, (list, tuple)) else [frames]
         rewards = []
-        for index, start in enumerate(range(0, len(frames), self.max_batch)):
-            chunk = self._upload(frames[start : start + self.max_batch], index % 2)
+        for index, pieces in enumerate(_sub_batches(parts, self.max_batch)):
+            chunk = self._upload(pieces, index % 2)
             x = self._tower(self._preprocess(chunk)).float()
             rewards.append(goal_baseline_reward(F.normalize(x, dim=-1), self._goal, self._baseline, self.alpha))
         rewards = torch.cat(rewards)
         return OnDevice(rewards) if rewards.is_cuda else Pending(rewards.numpy().astype(np.float32))
 
-    def _upload(self, frames: np.ndarray, slot: int) -> torch.Tensor:
-        """Frames onto the device. On CUDA they go through one of two pinned staging buffers, copied without
-        blocking: the CPU fills the next sub-batch's buffer while the GPU still runs the tower on the last one
-        (a pageable copy would keep the GPU idle for the copy of every sub-batch)."""
+    def _upload(self, pieces: list[np.ndarray], slot: int) -> torch.Tensor:
+        """One sub-batch of frames (consecutive pieces of the bus's chunks) onto the device, copied once on the
+        host. On CUDA they go through one of two pinned staging buffers and a copy stream of
+        their own: the CPU fills the next sub-batch's buffer while the GPU still runs the tower on the last one, and
+        a buffer is free again as soon as its copy is done, not when the towers queued before it are (on the
+        compute stream, the copy of a labeler's next bus would wait for its last bus to be labeled)."""
         if self._device.type != "cuda":
-            return torch.from_numpy(np.ascontiguousarray(frames))
-        staging, copied = self._staging(slot, frames.shape)
+            return torch.from_numpy(np.concatenate(pieces) if len(pieces) > 1 else np.ascontiguousarray(pieces[0]))
+        staging, copied = self._staging(slot, pieces[0].shape)
         copied.synchronize()  # this buffer's previous copy (two sub-batches ago) has left it
-        view = staging[: len(frames)]
-        np.copyto(view.numpy(), frames)
-        on_device = view.to(self._device, non_blocking=True)
-        copied.record()
+        view = staging[: sum(len(piece) for piece in pieces)]
+        filled = 0
+        for piece in pieces:
+            np.copyto(view[filled : filled + len(piece)].numpy(), piece)
+            filled += len(piece)
+        compute = torch.cuda.current_stream(self._device)
+        with torch.cuda.stream(self._copy_stream):
+            on_device = view.to(self._device, non_blocking=True)
+            copied.record(self._copy_stream)
+        compute.wait_event(copied)
+        on_device.record_stream(compute)  # its memory is not handed out again before the tower has read it
         return on_device
 
     def _staging(self, slot: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.cuda.Event]:
@@ -175,6 +187,22 @@ class ClipReward(RewardModel):
         pooled = text.pooler_output
         embeddings = F.normalize(self._clip.text_projection(pooled).float(), dim=-1)
         return F.normalize(embeddings.mean(dim=0), dim=-1)
+
+
+def _sub_batches(parts: list[np.ndarray], size: int):
+    """Consecutive runs of at most `size` rows across a list of arrays, each a list of views (nothing copied)."""
+    pieces, held = [], 0
+    for part in parts:
+        start = 0
+        while start < len(part):
+            take = min(size - held, len(part) - start)
+            pieces.append(part[start : start + take])
+            held, start = held + take, start + take
+            if held == size:
+                yield pieces
+                pieces, held = [], 0
+    if pieces:
+        yield pieces
 
 
 # transformers is imported inside the loaders: it takes seconds, and only labelers running CLIP need it.

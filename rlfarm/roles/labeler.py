@@ -117,7 +117,9 @@ class Labeler:
         self.stage_s[stage] += time.monotonic() - since
 
     def _batch(self, items: list[tuple[dict, dict]]) -> dict[str, np.ndarray]:
-        return {key: np.concatenate([chunk[key] for _, chunk in items]) for key in self.model.needs}
+        as_parts = getattr(self.model, "takes_parts", ())
+        return {key: [chunk[key] for _, chunk in items] if key in as_parts else np.concatenate([chunk[key] for _, chunk in items])
+                for key in self.model.needs}
 
     def _start(self, items: list[tuple[dict, dict]]) -> tuple:
         """Gather the bus and start the model on it; a call that raises here is retried in `_finish`."""

@@ -68,6 +68,9 @@ def test_clip_reward_on_frames_is_finite_per_frame_and_batch_independent(tiny_cl
     assert rewards.shape == (5,) and rewards.dtype == np.float32
     assert np.isfinite(rewards).all() and len(np.unique(rewards)) == 5
     np.testing.assert_allclose(make_reward(tiny_clip, max_batch=2)({"frames": frames}), rewards, rtol=1e-5, atol=1e-6)
+    # a labeler hands over its chunks' frames as they came (takes_parts): sub-batches of 2 span the chunks
+    parts = [frames[:3], frames[3:4], frames[4:]]
+    np.testing.assert_allclose(make_reward(tiny_clip, max_batch=2)({"frames": parts}), rewards, rtol=1e-5, atol=1e-6)
 
 
 def test_clip_reward_matches_transformers_clip_features(tiny_clip):
@@ -111,7 +114,7 @@ def test_cuda_bf16_rewards_agree_with_cpu_fp32(tiny_clip, compile):
     np.testing.assert_allclose(reward({"frames": frames[::-1]}), reference[::-1], atol=5e-3)
     # calls started back to back, as a labeler overlaps buses: the second fills the staging buffers while the first
     # may still read them on the device
-    first, second = reward.start({"frames": frames}), reward.start({"frames": frames[::-1]})
+    first, second = reward.start({"frames": [frames[:100], frames[100:]]}), reward.start({"frames": frames[::-1]})
     np.testing.assert_allclose(second.result(), reference[::-1], atol=5e-3)
     np.testing.assert_allclose(first.result(), reference, atol=5e-3)
 
