@@ -11,6 +11,19 @@ def steady(rows, key, skip_s=30.0):
     return statistics.median(values) if values else None
 
 
+def steady_rates(rows, skip_s=30.0):
+    """Counters' growth per second from the first row after `skip_s` to the last row: rates of a whole window,
+    not of one row (per-row rates jump with whole buses and credit rounds, so their median can mislead)."""
+    window = [r for r in rows if r.get("wall_s", 0) >= skip_s]
+    if len(window) < 2:
+        return None
+    first, last = window[0], window[-1]
+    seconds = last["wall_s"] - first["wall_s"]
+    counters = {"env_steps_per_s": "env_steps", "labeled_per_s": "transitions_labeled", "updates_per_s": "updates"}
+    return {name: round((last.get(key, 0) - first.get(key, 0)) / seconds, 1) for name, key in counters.items()
+            if key in first} | {"window_s": round(seconds, 1)}
+
+
 def gpu_busy(path):
     per_gpu = {}
     for line in Path(path).read_text().splitlines():
@@ -26,6 +39,7 @@ def summarize(run_dir, gpu_csv):
     keys = ["env_steps_per_s", "labeled_per_s", "updates_per_s", "labeling_lag_s", "policy_staleness"]
     keys += sorted({k for r in rows for k in r if k.endswith("_fraction")})  # where each role's time went
     out = {k: steady(rows, k) for k in keys}
+    out["steady"] = steady_rates(rows)
     # Which kind of role the rows name as the bottleneck, and how often (the text's numbers vary row to row).
     named = [r["bottleneck"].split()[0].rstrip(":") for r in rows if r.get("bottleneck") and r.get("wall_s", 0) >= 30]
     out["bottleneck_counts"] = {kind: named.count(kind) for kind in sorted(set(named))}
