@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from rlfarm.rewards.base import OnDevice, Pending, RewardModel, RewardModelError
+from rlfarm.rewards.staging import StagedUpload, as_parts, sub_batches
 
 
 def goal_baseline_reward(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -67,7 +68,6 @@ class ClipReward(RewardModel):
         self.compile = compile
         self.max_batch = max_batch
         self._clip = None
-        self._buffers: dict[int, tuple[torch.Tensor, torch.cuda.Event]] = {}  # pinned staging (CUDA only)
 
     def setup(self, device: str) -> None:
         self._device = torch.device(device)
@@ -87,7 +87,7 @@ class ClipReward(RewardModel):
                 f"goal and baseline prompts embed identically ({self.goal_prompts} vs {self.baseline_prompts}); "
                 "make reward.goal_prompts describe the task and reward.baseline_prompts only the scene"
             )
-        self._copy_stream = torch.cuda.Stream(self._device) if on_cuda else None
+        self._upload = StagedUpload(self._device, self.max_batch)
         self._image_tower = self._embed_pixels
         if self.compile and on_cuda:
             self._image_tower = torch.compile(self._embed_pixels)
@@ -117,50 +117,13 @@ class ClipReward(RewardModel):
         and uploads its next bus while the tower runs on this one."""
         if self._clip is None:
             raise RewardModelError("ClipReward.setup(device) must run before labeling")
-        frames = batch["frames"]
-        parts = list(frames) if isinstance(frames, (list, tuple)) else [frames]
         rewards = []
-        for index, pieces in enumerate(_sub_batches(parts, self.max_batch)):
-            chunk = self._upload(pieces, index % 2)
+        for index, pieces in enumerate(sub_batches(as_parts(batch["frames"]), self.max_batch)):
+            chunk = self._upload(pieces, "frames", index % 2)
             x = self._tower(self._preprocess(chunk)).float()
             rewards.append(goal_baseline_reward(F.normalize(x, dim=-1), self._goal, self._baseline, self.alpha))
         rewards = torch.cat(rewards)
         return OnDevice(rewards) if rewards.is_cuda else Pending(rewards.numpy().astype(np.float32))
-
-    def _upload(self, pieces: list[np.ndarray], slot: int) -> torch.Tensor:
-        """One sub-batch of frames (consecutive pieces of the bus's chunks) onto the device, copied once on the
-        host. On CUDA they go through one of two pinned staging buffers and a copy stream of
-        their own: the CPU fills the next sub-batch's buffer while the GPU still runs the tower on the last one, and
-        a buffer is free again as soon as its copy is done, not when the towers queued before it are (on the
-        compute stream, the copy of a labeler's next bus would wait for its last bus to be labeled)."""
-        if self._device.type != "cuda":
-            return torch.from_numpy(np.concatenate(pieces) if len(pieces) > 1 else np.ascontiguousarray(pieces[0]))
-        staging, copied = self._staging(slot, pieces[0].shape)
-        copied.synchronize()  # this buffer's previous copy (two sub-batches ago) has left it
-        view = staging[: sum(len(piece) for piece in pieces)]
-        filled = 0
-        for piece in pieces:
-            np.copyto(view[filled : filled + len(piece)].numpy(), piece)
-            filled += len(piece)
-        compute = torch.cuda.current_stream(self._device)
-        with torch.cuda.stream(self._copy_stream):
-            on_device = view.to(self._device, non_blocking=True)
-            copied.record(self._copy_stream)
-        compute.wait_event(copied)
-        on_device.record_stream(compute)  # its memory is not handed out again before the tower has read it
-        return on_device
-
-    def _staging(self, slot: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.cuda.Event]:
-        """The pinned buffer of `slot` (max_batch frames of this shape) and the event of its last copy."""
-        staging, event = self._buffers.get(slot, (None, None))
-        if staging is None or staging.shape[1:] != tuple(shape[1:]):
-            if event is not None:
-                event.synchronize()
-            staging = torch.empty((self.max_batch, *shape[1:]), dtype=torch.uint8).pin_memory()
-            event = torch.cuda.Event()
-            event.record()
-            self._buffers[slot] = (staging, event)
-        return staging, event
 
     def _preprocess(self, frames: torch.Tensor) -> torch.Tensor:
         """[n, H, W, 3] uint8 → [n, 3, S, S] normalized pixels in the model's dtype (CLIP's center crop + resize)."""
@@ -187,22 +150,6 @@ class ClipReward(RewardModel):
         pooled = text.pooler_output
         embeddings = F.normalize(self._clip.text_projection(pooled).float(), dim=-1)
         return F.normalize(embeddings.mean(dim=0), dim=-1)
-
-
-def _sub_batches(parts: list[np.ndarray], size: int):
-    """Consecutive runs of at most `size` rows across a list of arrays, each a list of views (nothing copied)."""
-    pieces, held = [], 0
-    for part in parts:
-        start = 0
-        while start < len(part):
-            take = min(size - held, len(part) - start)
-            pieces.append(part[start : start + take])
-            held, start = held + take, start + take
-            if held == size:
-                yield pieces
-                pieces, held = [], 0
-    if pieces:
-        yield pieces
 
 
 # transformers is imported inside the loaders: it takes seconds, and only labelers running CLIP need it.

@@ -14,7 +14,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rlfarm.rewards.base import RewardModel, RewardModelError
+from rlfarm.rewards.base import OnDevice, Pending, RewardModel, RewardModelError
+from rlfarm.rewards.staging import StagedUpload, as_parts, sub_batches
 from rlfarm.rewards.fitted import build_fitted, read_fitted
 
 
@@ -67,6 +68,7 @@ class ModuleReward(RewardModel):
         self.module = OmegaConf.to_container(module, resolve=True) if isinstance(module, DictConfig) else module
         self.checkpoint = checkpoint
         self.needs = tuple(needs)
+        self.takes_parts = self.needs  # every input goes through StagedUpload: one host copy, from the chunks
         self.frame_size = frame_size if "frames" in self.needs else None
         self.dtype = dtype
         self.max_batch = max_batch
@@ -77,6 +79,7 @@ class ModuleReward(RewardModel):
         self._device = torch.device(device)
         self._autocast_dtype = getattr(torch, self.dtype)
         self._net = self._build().to(self._device).eval()
+        self._upload = StagedUpload(self._device, self.max_batch)
 
     def _build(self) -> torch.nn.Module:
         if self.model is not None:
@@ -92,29 +95,45 @@ class ModuleReward(RewardModel):
             net.load_state_dict(torch.load(self.checkpoint, map_location="cpu", weights_only=True))
         return net
 
-    @torch.inference_mode()
     def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        return self.start(batch).result()
+
+    @torch.inference_mode()
+    def start(self, batch: dict[str, np.ndarray]) -> Pending:
+        """Queue every sub-batch on the device (inputs through `StagedUpload`) and return without waiting (on CUDA):
+        the labeler gathers its next bus meanwhile. Non-finite rewards raise when the result is taken."""
         if self._net is None:
             raise RewardModelError(f"reward module {self.name}: setup(device) must run before labeling")
-        n = len(batch[self.needs[0]])
+        columns = [list(sub_batches(as_parts(batch[key]), self.max_batch)) for key in self.needs]
         rewards = []
-        for start in range(0, n, self.max_batch):
-            inputs = [self._tensor(batch[key][start : start + self.max_batch]) for key in self.needs]
+        for index, pieces in enumerate(zip(*columns)):
+            inputs = [self._upload(piece, key, index % 2) for key, piece in zip(self.needs, pieces)]
             with torch.autocast(self._device.type, dtype=self._autocast_dtype, enabled=self._device.type == "cuda"):
                 output = self._net(*inputs)
-            rewards.append(self._checked(output, len(inputs[0])))
-        return torch.cat(rewards).cpu().numpy()
+            rewards.append(self._shaped(output, len(inputs[0])))
+        rewards = torch.cat(rewards)
+        return _Finite(OnDevice(rewards) if rewards.is_cuda else Pending(rewards.numpy()), self.name)
 
-    def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self._device)
-
-    def _checked(self, output, n: int) -> torch.Tensor:
+    def _shaped(self, output, n: int) -> torch.Tensor:
         """output [n] or [n, 1] → [n] float32, or RewardModelError naming the module."""
         shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
         if shape not in ((n,), (n, 1)):
             raise RewardModelError(f"reward module {self.name} returned {shape} for {n} inputs; expected [n] or [n, 1]")
-        rewards = output.reshape(n).float()
-        bad = int((~torch.isfinite(rewards)).sum())
+        return output.reshape(n).float()
+
+
+class _Finite(Pending):
+    """A module's rewards, checked for NaN/inf when taken (checking on the device would wait for it)."""
+
+    def __init__(self, inner: Pending, name: str):
+        self.inner, self.name = inner, name
+
+    def ready(self) -> bool:
+        return self.inner.ready()
+
+    def result(self) -> np.ndarray:
+        rewards = self.inner.result()
+        bad = int((~np.isfinite(rewards)).sum())
         if bad:
-            raise RewardModelError(f"reward module {self.name} returned {bad} NaN/inf rewards out of {n}")
+            raise RewardModelError(f"reward module {self.name} returned {bad} NaN/inf rewards out of {len(rewards)}")
         return rewards

@@ -74,3 +74,21 @@ def test_model_config_builds_the_module_only_in_setup():
     assert reward.module == {"_target_": BRIGHTNESS, "scale": 1.0}  # still a node: labelers build it on their device
     reward.setup("cpu")
     np.testing.assert_allclose(reward(frames(255)), [1.0])
+
+
+@pytest.mark.gpu
+def test_cuda_calls_are_queued_and_checked_when_taken():
+    """On CUDA a call returns before its result is there (the labeler prepares its next bus meanwhile); a bus split
+    across chunks gives what one array gives, and NaN rewards still raise naming the module, when taken."""
+    reward = ModuleReward(module={"_target_": BRIGHTNESS, "scale": 2.0}, frame_size=8, max_batch=2)
+    reward.setup("cuda:0")
+    whole = frames(0, 255, 51, 102, 204)
+    first = reward.start({"frames": [whole["frames"][:3], whole["frames"][3:]]})
+    second = reward.start(whole)
+    np.testing.assert_allclose(first.result(), [0.0, 2.0, 0.4, 0.8, 1.6], rtol=1e-2)
+    np.testing.assert_allclose(second.result(), first.result())
+    poisoned = ModuleReward(module={"_target_": BRIGHTNESS, "scale": float("nan")}, frame_size=8)
+    poisoned.setup("cuda:0")
+    pending = poisoned.start(frames(1, 2))
+    with pytest.raises(RewardModelError, match=f"{BRIGHTNESS} returned 2 NaN/inf rewards"):
+        pending.result()
