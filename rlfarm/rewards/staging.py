@@ -69,7 +69,7 @@ class StagedUpload:
     def _staging(self, name: str, slot: int, like: np.ndarray) -> tuple[torch.Tensor, torch.cuda.Event]:
         """The pinned buffer of (name, slot) for rows like `like`'s, and the event of its last copy."""
         staging, event = self._buffers.get((name, slot), (None, None))
-        dtype = torch.from_numpy(like[:0]).dtype
+        dtype = torch.from_numpy(np.empty(0, like.dtype)).dtype  # (like itself may have negative strides)
         if staging is None or staging.shape[1:] != like.shape[1:] or staging.dtype != dtype:
             if event is not None:
                 event.synchronize()
