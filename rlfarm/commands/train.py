@@ -61,11 +61,18 @@ def resolve_resume(cfg: DictConfig, run_dir: str) -> tuple[DictConfig, str | Non
     saved.resume = cfg.resume
     # run.* keys added since the run was saved take today's defaults (saved values still win).
     saved.run = OmegaConf.merge(cfg.run, saved.get("run", {}))
-    # Keys given on this command line that only bound or place the run win over the saved ones.
+    # Keys given on this command line that only bound or place the run win over the saved ones; any other would
+    # change what the checkpoint was trained as (the algorithm, the learner's ranks): it is ignored, and said so.
+    ignored = []
     for override in HydraConfig.get().overrides.task:
         key = override.split("=", 1)[0].lstrip("+~")
         if any(key == name or key.startswith(name + ".") for name in RESUME_OVERRIDABLE):
             OmegaConf.update(saved, key, OmegaConf.select(cfg, key), force_add=True)
+        elif key != "resume" and OmegaConf.select(saved, key) != OmegaConf.select(cfg, key):
+            ignored.append(override)
+    if ignored:
+        log.warning("resume keeps the run's saved config: ignored %s (on resume only %s can change; "
+                    "start a new run to change the rest)", " ".join(ignored), ", ".join(RESUME_OVERRIDABLE))
     return saved, str(checkpoint)
 
 

@@ -31,9 +31,11 @@ def test_sigkill_then_resume_continues_from_the_newest_intact_checkpoint(tmp_pat
     os.truncate(newest, os.path.getsize(newest) // 2)
     os.utime(newest, (mtime, mtime))  # still the newest by time: only its contents are damaged
 
-    out = rlfarm("train", f"resume={run_dir}", "run.live=false")
+    out = rlfarm("train", f"resume={run_dir}", "run.live=false", "algo.batch_size=64")
     assert out.returncode == 0, out.stderr[-2000:]
     said = out.stdout + out.stderr
+    # the checkpoint was trained at another batch size: the override is not applied, and the user is told
+    assert "resume keeps the run's saved config: ignored algo.batch_size=64" in said
     assert (f"checkpoints/{newest.name} is damaged (truncated: sha256 mismatch): skipped, "
             f"resuming from checkpoints/{previous.name}") in said
     assert f"resumed from {previous} at {state['stored']} env steps" in said
