@@ -32,6 +32,7 @@ from rlfarm.topology import PlacedTopology
 log = logging.getLogger("rlfarm")
 SUCCESS_WINDOW = 10  # summary success_rate: mean over the last 10 updates' rollouts
 SERVER_CALLS = 64  # concurrent sample() calls a server takes (each waits for its batch): two per worker, with room
+COLLECT_POLL_S = 0.5  # how often a wait for rollouts looks for SIGTERM
 TIME_KEYS = ("rollout_s", "env_s", "infer_s", "overlap_s", "update_s", "step_s", "env_steps_per_s")
 
 
@@ -129,12 +130,16 @@ class VLALoop(SyncLoop):
         """Every worker's rollout of its seeds: (batch ref, stats) per worker. A worker that dies during its rollout is
         waited for (Ray restarts it, `run.restart_timeout_s`), re-wired to its server and plays its seeds again from
         the start: a rollout's batch is whole or absent, so no part of a group reaches the learner. Restarts beyond
-        `run.max_restarts` end the run with one line naming the worker."""
+        `run.max_restarts` end the run with one line naming the worker. SIGTERM ends the wait at once (a rollout of a
+        big policy can take minutes): the rollouts in progress are dropped, and a resume plays them again (the seeds
+        depend on the update number)."""
         calls = {i: self._send(i, seeds[i]) for i in range(len(self.workers))}
         done: dict[int, tuple[ray.ObjectRef, dict]] = {}
         while calls:
             waiting = {stats: i for i, (_, stats) in calls.items()}
-            ready, _ = ray.wait(list(waiting), num_returns=1)
+            ready, _ = ray.wait(list(waiting), num_returns=1, timeout=COLLECT_POLL_S)
+            if self._preempt:  # SIGTERM during a rollout: the learner is idle, its checkpoint is this update's start
+                raise self._preempted()
             for ref in ready:
                 i = waiting[ref]
                 batch, _ = calls.pop(i)

@@ -102,3 +102,30 @@ def test_simplevla_sigterm_checkpoints_then_resume_auto_finishes_the_same_update
     assert summary["samples"] == 40 * 2 * 4 and summary["env_steps"] == steps[-1]
     assert all(a < b for a, b in zip(steps, steps[1:]))  # counters continue across the resume, no reset
     assert rows[stopped_at]["staleness"] == 0  # the first resumed update used the restored weights' version
+
+
+def test_sigterm_during_a_long_rollout_checkpoints_within_seconds(tmp_path):
+    """A rollout of a big policy can take minutes: SIGTERM must not wait for it. 600 groups make the first rollout
+    far longer than the test waits; the driver drops it, writes preempted.pt (update 0) and exits 75."""
+    import signal
+    import time
+
+    import torch
+
+    from helpers import start_train
+
+    run_dir = tmp_path / "run"
+    proc = start_train(run_dir, "experiment=simplevla", "algo.groups_per_update=600", "algo.group_size=4",
+                       "algo.target_success=null", "logger=none")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (run_dir / "roles.json").exists():  # written once the roles are up
+        time.sleep(0.1)
+    time.sleep(2)  # inside the first rollout
+    proc.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, err[-2000:]
+    took = time.monotonic() - signalled
+    assert took < 8, took  # 2.4 s here; waiting for the rollout to end took 13 s
+    assert not (run_dir / "metrics.jsonl").exists() or not _rows(run_dir)  # no update was made
+    assert torch.load(run_dir / "checkpoints" / "preempted.pt", weights_only=True)["extra"]["updates"] == 0
