@@ -126,6 +126,6 @@ def test_sigterm_during_a_long_rollout_checkpoints_within_seconds(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 75, err[-2000:]
     took = time.monotonic() - signalled
-    assert took < 8, took  # 2.4 s here; waiting for the rollout to end took 13 s
+    assert took < 10, took  # 2.4 s here; waiting for the rollout to end took 13 s
     assert not (run_dir / "metrics.jsonl").exists() or not _rows(run_dir)  # no update was made
     assert torch.load(run_dir / "checkpoints" / "preempted.pt", weights_only=True)["extra"]["updates"] == 0
