@@ -26,6 +26,7 @@ from rlfarm.run import newest_checkpoint
 log = logging.getLogger("rlfarm")
 KEEP = 2  # periodic checkpoints kept: the newest two (one may be mid-write when the process dies)
 SIGNAL_GRACE_S = 2.0  # after a role failure: how long to wait for a SIGTERM that may explain it
+PREEMPT_POLL_S = 0.5  # how often a long wait on a stage looks for SIGTERM
 
 
 class PeriodicCheckpoints:
@@ -102,6 +103,20 @@ class PeriodicCheckpoints:
         self._maybe_checkpoint(updates)
         if self._preempt:
             raise self._preempted(**checkpoint_args)
+
+    def _wait_unless_preempted(self, refs: list, num_returns: int | None = None) -> list:
+        """ray.wait for `num_returns` of `refs` (all by default), but SIGTERM ends the wait at once: a stage that
+        takes minutes (a rollout or a generation with a big policy) is dropped, and preempted.pt holds the state
+        before it. Returns the ready refs."""
+        import ray
+
+        wanted = len(refs) if num_returns is None else num_returns
+        while True:
+            ready, _ = ray.wait(list(refs), num_returns=wanted, timeout=PREEMPT_POLL_S)
+            if self._preempt:
+                raise self._preempted()
+            if len(ready) >= wanted:
+                return ready
 
     def _preempted(self, **checkpoint_args) -> Preempted:
         """The exception that ends a preempted run: with preempted.pt, or, when a role died with the signal,

@@ -164,6 +164,7 @@ class LLMLoop(SyncLoop):
             while len(self.ahead) <= self.max_staleness:                       # 1. generate (+ score) ahead
                 self.ahead.append(self._launch())
             batch = self.ahead.popleft()
+            self._wait_unless_preempted(batch.stats)  # a long generation does not delay SIGTERM
             stats = ray.get(batch.stats)
             if self.version - batch.version <= self.max_staleness:
                 break

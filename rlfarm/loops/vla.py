@@ -32,7 +32,6 @@ from rlfarm.topology import PlacedTopology
 log = logging.getLogger("rlfarm")
 SUCCESS_WINDOW = 10  # summary success_rate: mean over the last 10 updates' rollouts
 SERVER_CALLS = 64  # concurrent sample() calls a server takes (each waits for its batch): two per worker, with room
-COLLECT_POLL_S = 0.5  # how often a wait for rollouts looks for SIGTERM
 TIME_KEYS = ("rollout_s", "env_s", "infer_s", "overlap_s", "update_s", "step_s", "env_steps_per_s")
 
 
@@ -137,9 +136,7 @@ class VLALoop(SyncLoop):
         done: dict[int, tuple[ray.ObjectRef, dict]] = {}
         while calls:
             waiting = {stats: i for i, (_, stats) in calls.items()}
-            ready, _ = ray.wait(list(waiting), num_returns=1, timeout=COLLECT_POLL_S)
-            if self._preempt:  # SIGTERM during a rollout: the learner is idle, its checkpoint is this update's start
-                raise self._preempted()
+            ready = self._wait_unless_preempted(list(waiting), num_returns=1)
             for ref in ready:
                 i = waiting[ref]
                 batch, _ = calls.pop(i)
