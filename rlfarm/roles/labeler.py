@@ -116,10 +116,14 @@ class Labeler:
     def _time(self, stage: str, since: float) -> None:
         self.stage_s[stage] += time.monotonic() - since
 
-    def _batch(self, items: list[tuple[dict, dict]]) -> dict[str, np.ndarray]:
-        as_parts = getattr(self.model, "takes_parts", ())
-        return {key: [chunk[key] for _, chunk in items] if key in as_parts else np.concatenate([chunk[key] for _, chunk in items])
-                for key in self.model.needs}
+    def _batch(self, items: list[tuple[dict, dict]]) -> dict[str, np.ndarray | list[np.ndarray]]:
+        """What the model reads of the bus: per key, the chunks' arrays joined, or as they came for the keys the
+        model copies into its own staging anyway (`takes_parts`: one host copy of a bus's frames instead of two)."""
+        batch = {}
+        for key in self.model.needs:
+            parts = [chunk[key] for _, chunk in items]
+            batch[key] = parts if key in getattr(self.model, "takes_parts", ()) else np.concatenate(parts)
+        return batch
 
     def _start(self, items: list[tuple[dict, dict]]) -> tuple:
         """Gather the bus and start the model on it; a call that raises here is retried in `_finish`."""
@@ -127,7 +131,9 @@ class Labeler:
         self.overlapped += bool(self._calls)
         self._calls.append(started)
         try:
-            pending = self.model.start(self._batch(items))
+            batch = self._batch(items)
+            # a model written against the older interface (needs, setup, __call__ only) runs to the end here
+            pending = self.model.start(batch) if hasattr(self.model, "start") else Pending(self.model(batch))
         except Exception as error:
             pending = _Failed(error)
         self._time("prepare", started)
