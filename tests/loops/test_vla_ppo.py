@@ -29,6 +29,10 @@ def test_ppo_with_a_critic_learns_push_cube_through_the_inference_server(tmp_pat
     assert summary["reached_target"] and summary["success_rate"] >= 0.8, summary
     assert summary["samples"] == summary["updates"] * 64 and summary["inference_servers"] == 1
     assert rows[0]["explained_variance"] <= 0.0 < max(row["explained_variance"] for row in rows[-10:])
-    assert all(row["staleness"] == 0 and row["server_batch_mean"] > 0 for row in rows)
+    assert all(row["staleness"] == 0 and row["server_batch_mean"] > 0 and 0 < row["server_busy"] <= 1 for row in rows)
+    assert summary["rollout_workers"] == 2
+    assert summary["server_decoding"] == {"dtype": "float32", "graphs": "off (the tiny VLA decodes in one pass)"}
+    # each worker's call carries at most half its 32 envs: a mean above 16 means calls of both workers shared batches
+    assert max(row["server_batch_mean"] for row in rows) > 16
     saved = torch.load(run_dir / "checkpoints" / "final.pt", map_location="cpu", weights_only=True)
     assert "value_head.weight" in saved["model"]
