@@ -5,7 +5,9 @@
 #   farm_e2e.sh farm      reward=env with frames rendered but unused, then reward=clip (ViT-L/14 shape, 224 px),
 #                         same runners/batch/UTD, $WALL s each
 # A compiled reward tower compiles while its labeler starts (run.restart_timeout_s=300 leaves room for ViT-L/14).
-# Env: TOPO (split_1_1 on 2 GPUs, split_1_3 on 4), RUNNERS, NUM_ENVS, WORKERS, UTD, BATCH, WALL, LABELERS, RUNS, TAG, EXTRA.
+# Env: TOPO (split_1_1 on 2 GPUs, split_1_3 on 4), RUNNERS, NUM_ENVS, WORKERS, UTD, BATCH, WALL, LABELERS, RUNS, TAG, EXTRA;
+# PROFILE_AT=<s>: that many seconds into each run, py-spy (a wheel staged into .devpkgs/whl) samples every labeler, the learner and
+# one runner for 20 s, idle time included, into $OUT/<run>_<role>_<pid>.txt (collapsed stacks: where the wall time goes).
 set -uo pipefail
 PHASE=${1:-farm}
 source launch/device/gpu_env.sh
@@ -22,11 +24,21 @@ sample_gpus() { nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.us
 train() {  # name, overrides...
   local name=$1; shift
   local pid; pid=$(sample_gpus /tmp/gpu_$name.csv)
+  [ -n "${PROFILE_AT:-}" ] && profile "$name" &
   timeout $((WALL + 150)) rlfarm train topology=$TOPO env=halfcheetah run.live=false total_env_steps=100000000 \
     topology.roles.labeler.count=$LABELERS topology.roles.labeler.gpus=$LABELER_GPUS run.restart_timeout_s=300 \
     run.max_wall_s=$WALL hydra.run.dir=/tmp/$name "$@" > /tmp/$name.log 2>&1
   echo "$name rc=$?"; kill "$pid"; tail -3 /tmp/$name.log | cut -c1-400
   python3 launch/device/collect.py main /tmp/$name /tmp/gpu_$name.csv > "$OUT/$name.json"
+}
+profile() {  # name: py-spy the labelers and one runner of the run in progress
+  sleep "$PROFILE_AT"
+  for role in Labeler EnvRunner SACLearner; do
+    for p in $(pgrep -f "ray::$role" | head -$([ $role = Labeler ] && echo 8 || echo 1)); do
+      py-spy record --idle --format raw -r 200 -d 20 -p "$p" -o "$OUT/${1}_${role}_$p.txt" > /dev/null 2>&1 &
+    done
+  done
+  wait
 }
 FARM=(topology.roles.env_runner.count=$RUNNERS env.num_envs=$NUM_ENVS env.workers=$WORKERS
       algo.utd_ratio=$UTD algo.batch_size=$BATCH labeler.bus_items=1024 labeler.bus_timeout_s=0.2)

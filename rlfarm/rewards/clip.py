@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from rlfarm.rewards.base import OnDevice, Pending, RewardModel, RewardModelError
+from rlfarm.rewards.graphed import GraphedRows
 from rlfarm.rewards.staging import StagedUpload, as_parts, sub_batches
 
 
@@ -43,6 +44,9 @@ class ClipReward(RewardModel):
         for every sub-batch size (the batch dimension dynamic): a compile in the first calls would stall the whole
         pipeline for a minute (ViT-L/14) while env steps wait on credits, and a bus of a new size would compile again.
     max_batch: frames per forward pass, bounding activation memory for large labeler buses.
+    cuda_graphs: capture preprocessing, tower and reward as CUDA graphs in `setup`, one per sub-batch size class
+        (rlfarm/rewards/graphed.py; CUDA only): a sub-batch is one launch, not hundreds, so a labeler that shares its
+        host with many runners keeps its GPU fed.
     """
 
     needs = ("frames",)
@@ -58,6 +62,7 @@ class ClipReward(RewardModel):
         dtype: str = "bfloat16",
         compile: bool = False,
         max_batch: int = 512,
+        cuda_graphs: bool = True,
     ):
         self.model = model
         self.goal_prompts = list(goal_prompts)
@@ -67,6 +72,7 @@ class ClipReward(RewardModel):
         self.dtype = dtype
         self.compile = compile
         self.max_batch = max_batch
+        self.cuda_graphs = cuda_graphs
         self._clip = None
 
     def setup(self, device: str) -> None:
@@ -89,9 +95,14 @@ class ClipReward(RewardModel):
             )
         self._upload = StagedUpload(self._device, self.max_batch)
         self._image_tower = self._embed_pixels
+        self._rewards_of = self._frame_rewards
         if self.compile and on_cuda:
             self._image_tower = torch.compile(self._embed_pixels)
             self._compile_now()
+        if self.cuda_graphs and on_cuda:
+            with torch.inference_mode():
+                self._rewards_of = GraphedRows(self._frame_rewards, (self.frame_size, self.frame_size, 3), torch.uint8,
+                                               self._device, self.max_batch)
 
     def _compile_now(self) -> None:
         """Compile through the real call path (upload, preprocess, tower) on frames of the size runners render: a full
@@ -119,11 +130,14 @@ class ClipReward(RewardModel):
             raise RewardModelError("ClipReward.setup(device) must run before labeling")
         rewards = []
         for index, pieces in enumerate(sub_batches(as_parts(batch["frames"]), self.max_batch)):
-            chunk = self._upload(pieces, "frames", index % 2)
-            x = self._tower(self._preprocess(chunk)).float()
-            rewards.append(goal_baseline_reward(F.normalize(x, dim=-1), self._goal, self._baseline, self.alpha))
+            rewards.append(self._rewards_of(self._upload(pieces, "frames", index % 2)))
         rewards = torch.cat(rewards)
         return OnDevice(rewards) if rewards.is_cuda else Pending(rewards.numpy().astype(np.float32))
+
+    def _frame_rewards(self, frames: torch.Tensor) -> torch.Tensor:
+        """[n, H, W, 3] uint8 frames on the device → [n] float32 rewards."""
+        x = self._tower(self._preprocess(frames)).float()
+        return goal_baseline_reward(F.normalize(x, dim=-1), self._goal, self._baseline, self.alpha)
 
     def _preprocess(self, frames: torch.Tensor) -> torch.Tensor:
         """[n, H, W, 3] uint8 → [n, 3, S, S] normalized pixels in the model's dtype (CLIP's center crop + resize)."""

@@ -9,6 +9,7 @@ from hydra.utils import instantiate
 
 from rlfarm.config import compose
 from rlfarm.envs import VectorEnv
+from rlfarm.rewards.graphed import GraphedRows
 from rlfarm.rewards import ClipReward, RewardModelError, goal_baseline_reward
 
 IMAGE_SIZE = 32
@@ -103,12 +104,14 @@ def test_clip_reward_on_rendered_halfcheetah_frames(tiny_clip):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compile", [False, True])
-def test_cuda_bf16_rewards_agree_with_cpu_fp32(tiny_clip, compile):
+@pytest.mark.parametrize("compile, graphs", [(False, False), (True, False), (False, True), (True, True)])
+def test_cuda_bf16_rewards_agree_with_cpu_fp32(tiny_clip, compile, graphs):
     frames = np.random.default_rng(2).integers(0, 256, size=(300, 48, 48, 3), dtype=np.uint8)
     reference = make_reward(tiny_clip)({"frames": frames})
-    reward = ClipReward(tiny_clip, ["a cheetah running fast"], ["a cheetah"], compile=compile, max_batch=128)
+    reward = ClipReward(tiny_clip, ["a cheetah running fast"], ["a cheetah"], compile=compile, max_batch=128,
+                        frame_size=48, cuda_graphs=graphs)
     reward.setup("cuda:0")
+    assert isinstance(reward._rewards_of, GraphedRows) == graphs
     np.testing.assert_allclose(reward({"frames": frames}), reference, atol=5e-3)
     # a second call reuses the pinned staging buffers: nothing of the first call's frames may leak into it
     np.testing.assert_allclose(reward({"frames": frames[::-1]}), reference[::-1], atol=5e-3)
@@ -127,14 +130,15 @@ def test_compiled_tower_compiles_at_setup_and_never_again(tiny_clip):
 
     torch._dynamo.reset()  # another test of this process may have compiled the same tower already
     frames = np.random.default_rng(3).integers(0, 256, size=(300, 48, 48, 3), dtype=np.uint8)
-    eager = ClipReward(tiny_clip, ["a cheetah running fast"], ["a cheetah"], max_batch=128)
+    eager = ClipReward(tiny_clip, ["a cheetah running fast"], ["a cheetah"], max_batch=128, cuda_graphs=False)
     eager.setup("cuda:0")
-    reward = ClipReward(tiny_clip, ["a cheetah running fast"], ["a cheetah"], compile=True, max_batch=128)
+    # replayed as CUDA graphs (the default): captured in setup too, so no call compiles or captures
+    reward = ClipReward(tiny_clip, ["a cheetah running fast"], ["a cheetah"], compile=True, max_batch=128, frame_size=48)
     before = counters["stats"]["unique_graphs"]
     reward.setup("cuda:0")
     compiled = counters["stats"]["unique_graphs"]
     assert compiled > before  # compiled in setup
-    for size in (300, 128, 77, 2, 1):  # sub-batches of 128 + tails of every kind
+    for size in (300, 128, 77, 9, 2, 1):  # sub-batches of 128 + tails of every kind (padded to their size class)
         np.testing.assert_allclose(reward({"frames": frames[:size]}), eager({"frames": frames[:size]}), atol=5e-3)
     assert counters["stats"]["unique_graphs"] == compiled  # no compile after setup
 
