@@ -6,8 +6,9 @@
 #                         same runners/batch/UTD, $WALL s each
 # A compiled reward tower compiles while its labeler starts (run.restart_timeout_s=300 leaves room for ViT-L/14).
 # Env: TOPO (split_1_1 on 2 GPUs, split_1_3 on 4), RUNNERS, NUM_ENVS, WORKERS, UTD, BATCH, WALL, LABELERS, RUNS, TAG, EXTRA;
-# PROFILE_AT=<s>: that many seconds into each run, py-spy (a wheel staged into .devpkgs/whl) samples every labeler, the learner and
-# one runner for 20 s, idle time included, into $OUT/<run>_<role>_<pid>.txt (collapsed stacks: where the wall time goes).
+# PROFILE_AT=<s>: that many seconds after the run's first update (past the learner's capture and compile, which take
+# 20+ s under load), py-spy (a wheel staged into .devpkgs/whl) samples every labeler, the learner and one runner for
+# 20 s, idle time included, into $OUT/<run>_<role>_<pid>.txt (collapsed stacks: where the wall time goes).
 set -uo pipefail
 PHASE=${1:-farm}
 source launch/device/gpu_env.sh
@@ -31,7 +32,11 @@ train() {  # name, overrides...
   echo "$name rc=$?"; kill "$pid"; tail -3 /tmp/$name.log | cut -c1-400
   python3 launch/device/collect.py main /tmp/$name /tmp/gpu_$name.csv > "$OUT/$name.json"
 }
-profile() {  # name: py-spy the labelers and one runner of the run in progress
+profile() {  # name: py-spy the labelers, the learner and one runner of the run in progress
+  for _ in $(seq 300); do  # until a metrics row shows updates/s > 0
+    grep -q '"updates_per_s": [1-9]' "/tmp/$1/metrics.jsonl" 2>/dev/null && break
+    sleep 1
+  done
   sleep "$PROFILE_AT"
   for role in Labeler EnvRunner SACLearner; do
     for p in $(pgrep -f "ray::$role" | head -$([ $role = Labeler ] && echo 8 || echo 1)); do
