@@ -77,7 +77,7 @@ def ask_one(who: str, ref: ray.ObjectRef, what: str, timeout_s: float,
 
 @dataclass
 class Worker:
-    kind: str                         # "env_runner" | "labeler"
+    kind: str                         # "env_runner" | "labeler" | "engine" (a VLA inference server)
     index: int
     actor: ray.actor.ActorHandle
     incarnation: int = 0
@@ -114,11 +114,13 @@ def died(ref: ray.ObjectRef) -> BaseException | None:
 
 
 class Supervisor:
-    def __init__(self, learner, runners: list, labelers: list, max_restarts: int, roles_file: Path | None = None):
+    def __init__(self, learner, runners: list, labelers: list, max_restarts: int, roles_file: Path | None = None,
+                 engines: list = ()):
         # the learner is watched (stats, deadline) but never restarted: it is not among `workers`
         self.learner = Worker("learner", 0, learner)
         self.workers = [Worker("env_runner", i, a) for i, a in enumerate(runners)] + \
-                       [Worker("labeler", i, a) for i, a in enumerate(labelers)]
+                       [Worker("labeler", i, a) for i, a in enumerate(labelers)] + \
+                       [Worker("engine", i, a) for i, a in enumerate(engines)]
         self.max_restarts = max_restarts
         self.roles_file = roles_file
         self.recoveries: list[dict] = []

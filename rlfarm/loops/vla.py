@@ -23,7 +23,7 @@ from rlfarm.errors import ConfigError
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
 from rlfarm.loops.supervision import Supervisor
-from rlfarm.roles.vla import VLALearner, VLARolloutWorker
+from rlfarm.roles.vla import InferenceServerLost, VLALearner, VLARolloutWorker
 from rlfarm.roles.vla_server import VLAInferenceServer
 from rlfarm.run import Run
 from rlfarm.settings import known_fields
@@ -81,13 +81,17 @@ class VLALoop(SyncLoop):
         shapes = ray.get(self.workers[0].shapes.remote())  # sizes the learner's policy without an env of its own
         self.learner = ray.remote(VLALearner).options(**placed.options(learner)).remote(self.vla, shapes,
                                                                                       learner.threads)
-        # An engine role: batching inference servers the workers share (worker i → server i mod S)
-        self.servers = [ray.remote(VLAInferenceServer).options(**placed.options(p), max_concurrency=SERVER_CALLS).remote(
+        # An engine role: batching inference servers the workers share (worker i → server i mod S). A server holds
+        # nothing the driver cannot give back (the newest weights): Ray restarts a dead one, the driver reloads it
+        # and has its workers play the rollouts it broke again (`_recover_server`).
+        self.servers = [ray.remote(VLAInferenceServer).options(**placed.options(p), max_concurrency=SERVER_CALLS,
+                                                               **restartable).remote(
                             self.vla, shapes, int(cfg.algo.server_max_batch), float(cfg.algo.server_max_wait_ms),
                             p.threads, dtype=str(cfg.algo.server_dtype), graphs=bool(cfg.algo.server_graphs))
                         for p in plan.of("engine")]
         ray.get([self._wire(i) for i in range(len(self.workers))])
-        self.supervisor = Supervisor(self.learner, self.workers, [], int(cfg.run.max_restarts), run.dir / "roles.json")
+        self.supervisor = Supervisor(self.learner, self.workers, [], int(cfg.run.max_restarts), run.dir / "roles.json",
+                                     engines=self.servers)
         self.title = f"rlfarm · {cfg.algo.name} · {cfg.env.id} · {cfg.topology.name}"
         self.target = cfg.algo.target_success
         self.weights = None  # the ref of the newest published weights
@@ -114,7 +118,7 @@ class VLALoop(SyncLoop):
         and the stages' wall times."""
         started = time.monotonic()
         seeds = self._seeds(self.progress["updates"] + 1)
-        ray.get([server.load_weights.remote(self.weights) for server in self.servers])  # before any worker asks
+        self._load_servers()                                                             # before any worker asks
         collected = self._collect(seeds)                                                 # 1. rollouts
         stats = [s for _, s in collected]
         rolled = time.monotonic()
@@ -129,9 +133,10 @@ class VLALoop(SyncLoop):
         """Every worker's rollout of its seeds: (batch ref, stats) per worker. A worker that dies during its rollout is
         waited for (Ray restarts it, `run.restart_timeout_s`), re-wired to its server and plays its seeds again from
         the start: a rollout's batch is whole or absent, so no part of a group reaches the learner. Restarts beyond
-        `run.max_restarts` end the run with one line naming the worker. SIGTERM ends the wait at once (a rollout of a
-        big policy can take minutes): the rollouts in progress are dropped, and a resume plays them again (the seeds
-        depend on the update number)."""
+        `run.max_restarts` end the run with one line naming the worker. An inference server that dies breaks the rollouts
+        of its workers alike: Ray restarts it, it gets the newest weights, and they play their seeds again. SIGTERM ends
+        the wait at once (a rollout of a big policy can take minutes): the rollouts in progress are dropped, and a
+        resume plays them again (the seeds depend on the update number)."""
         calls = {i: self._send(i, seeds[i]) for i in range(len(self.workers))}
         done: dict[int, tuple[ray.ObjectRef, dict]] = {}
         while calls:
@@ -142,6 +147,10 @@ class VLALoop(SyncLoop):
                 batch, _ = calls.pop(i)
                 try:
                     stats = ray.get(ref)
+                except InferenceServerLost:  # before RayActorError: the worker is alive, its server died
+                    self._recover_server(i % len(self.servers))
+                    calls[i] = self._send(i, seeds[i])
+                    continue
                 except ray.exceptions.RayActorError:
                     self._recover(i, f"re-ran its {len(seeds[i])} groups")
                     calls[i] = self._send(i, seeds[i])
@@ -161,11 +170,38 @@ class VLALoop(SyncLoop):
         ray.get(self._wire(index))
         self.supervisor.restarted(worker, pid, started, {"rollout": what})
 
+    def _load_servers(self) -> None:
+        """The newest weights into every server; a server found dead is recovered (which loads them)."""
+        loads = [server.load_weights.remote(self.weights) for server in self.servers]
+        for index, load in enumerate(loads):
+            try:
+                ray.get(load)
+            except ray.exceptions.RayActorError:
+                self._recover_server(index)
+
+    def _recover_server(self, index: int) -> None:
+        """Wait for Ray to restart server `index` (`run.restart_timeout_s`) and load the newest weights into it; one
+        death breaks the rollouts of all its workers, and the first of them to report it does the recovery."""
+        server, started = self.supervisor.of("engine")[index], time.monotonic()
+        try:
+            if ray.get(server.actor.stats.remote(), timeout=1.0)["pid"] == server.pid:
+                return  # back already: recovered when another of its workers reported the death
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        pid = self.supervisor.wait_until_back(server, float(self.cfg.run.restart_timeout_s))
+        ray.get(server.actor.load_weights.remote(self.weights))
+        self._server_stats[index] = {key: 0.0 for key in self._server_stats[index]}  # a new process counts from 0
+        self.supervisor.restarted(server, pid, started, {"rollouts": "re-ran on its workers"})
+
     def _server_deltas(self) -> dict:
         """Since the last step, over all servers: mean observations per batch and the policy thread's busy share."""
         if not self.servers:
             return {}
         now = ray.get([server.stats.remote() for server in self.servers])
+        for index, (stats, server) in enumerate(zip(now, self.supervisor.of("engine"))):
+            if server.pid is not None and stats["pid"] != server.pid:  # died and came back between two rollouts
+                self.supervisor.restarted(server, stats["pid"], time.monotonic(), {"rollouts": "nothing lost"})
+                self._server_stats[index] = {key: 0.0 for key in self._server_stats[index]}
         before, self._server_stats = self._server_stats, now
         delta = {k: sum(n[k] - b[k] for n, b in zip(now, before)) for k in ("busy_s", "wall_s", "batches", "observations")}
         return {"server_batch_mean": delta["observations"] / max(delta["batches"], 1),

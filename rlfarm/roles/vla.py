@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,11 @@ from rlfarm.roles.versioned_weights import HeldWeights, Publication, publication
 from rlfarm.sync.local import HostSender
 
 BATCH_ARRAYS = ("image", "words", "proprio", "tokens", "logprobs", "called", "success", "steps")
+
+
+class InferenceServerLost(RuntimeError):
+    """A worker's inference server died during its rollout: the worker is fine, the rollout is lost (the driver
+    waits for Ray to restart the server and has the worker play its seeds again)."""
 
 
 def make_env(cfg: VLAConfig):
@@ -145,6 +150,8 @@ class VLARolloutWorker:
         episode (N = len(seeds) × G, C = calls per episode at most); stats hold the time breakdown."""
         if self.server is None:
             self.load_weights(weights)
+        # the driver loads these weights into the server before any rollout: an older answer means a restarted server
+        self._expected_version = weights[1] if weights is not None else 0
         self._versions: list[int] = []  # of the weights that sampled each call (the server's, when there is one)
         size = self.cfg.group_size
         if len(seeds) * size != len(self.envs):
@@ -164,18 +171,21 @@ class VLARolloutWorker:
         halves = np.array_split(np.arange(n), 2) if self.cfg.pipeline and n > 1 else [np.arange(n)]
         started, infer_s, calls = time.perf_counter(), 0.0, 0
         pending: dict[int, Any] = {}
-        while state["active"].any():
-            for group, members in enumerate(halves):
-                if group in pending:
-                    pending.pop(group).result()  # this group's envs have stepped: its observations are fresh
-                live = members[state["active"][members]]
-                if not len(live):
-                    continue
-                tick = time.perf_counter()
-                actions = self._infer(live, state, batch)
-                infer_s += time.perf_counter() - tick
-                calls += 1
-                pending[group] = self.env_thread.submit(self._step_envs, live, actions, state, batch)
+        try:
+            while state["active"].any():
+                for group, members in enumerate(halves):
+                    if group in pending:
+                        pending.pop(group).result()  # this group's envs have stepped: its observations are fresh
+                    live = members[state["active"][members]]
+                    if not len(live):
+                        continue
+                    tick = time.perf_counter()
+                    actions = self._infer(live, state, batch)
+                    infer_s += time.perf_counter() - tick
+                    calls += 1
+                    pending[group] = self.env_thread.submit(self._step_envs, live, actions, state, batch)
+        finally:  # no env step outlives its rollout, a failed one's either: the next rollout resets these envs
+            wait(list(pending.values()))
         for future in pending.values():
             future.result()
         rollout_s = time.perf_counter() - started
@@ -194,7 +204,13 @@ class VLARolloutWorker:
         inputs = policy_inputs(self.tokenizer, [o["image"] for o in obs], [o["instruction"] for o in obs],
                                [o["proprio"] for o in obs])  # on the host: recorded as they are, sent once
         if self.server is not None:  # the worker's thread waits here while its env thread steps the other group
-            tokens, logprobs, version = ray.get(self.server.sample.remote(*(t.numpy() for t in inputs)))
+            try:
+                tokens, logprobs, version = ray.get(self.server.sample.remote(*(t.numpy() for t in inputs)))
+            except ray.exceptions.RayActorError as error:  # the server's death, not this worker's
+                raise InferenceServerLost(f"its inference server died: {str(error).splitlines()[0]}") from None
+            if version < self._expected_version:
+                raise InferenceServerLost(f"its inference server sampled with weights v{version}, not "
+                                          f"v{self._expected_version}: it was restarted and lost them")
             tokens, logprobs = torch.tensor(tokens), torch.tensor(logprobs)  # copies: Ray hands read-only arrays
         else:
             tokens, logprobs = self._local_policy().sample(*(t.to(self.device) for t in inputs), self.cfg.temperature,

@@ -23,6 +23,7 @@ Speed (issue 17), both on a GPU only, where the loaded checkpoint is an HF VLA (
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -105,7 +106,7 @@ class VLAInferenceServer:
 
     def stats(self) -> dict:
         wall = time.perf_counter() - self.started
-        return {"batches": self.batches, "requests": self.requests, "observations": self.observations,
+        return {"pid": os.getpid(), "batches": self.batches, "requests": self.requests, "observations": self.observations,
                 "largest_batch": self.largest, "busy_s": self.busy_s, "wall_s": wall,
                 "policy_version": self.weights.version, "dtype": self.dtype, "graphs": self.graphs}
 
