@@ -49,7 +49,7 @@ class SlurmCluster:
         while time.monotonic() < deadline:
             if self.job_state(job_id) is None:
                 return True
-            time.sleep(2)
+            time.sleep(1)
         return False
 
     def cancel_all(self, timeout: float = 60) -> None:

@@ -24,6 +24,7 @@ NODE_CPUS = os.cpu_count() or 1
 # Runs that get interrupted label slowly, so the run's pace is the labeling cost, not the machine's speed: the
 # interrupt lands while the run is still going on a fast machine too.
 SLOW_LABELS = ["reward=fixed_cost", "reward.batch_ms=400"]
+REQUEUED_STEPS = 500  # the requeued runs: ~40 env steps/s with SLOW_LABELS, interrupted after ~200
 
 
 def read_summary(run_dir: Path) -> dict:
@@ -97,7 +98,7 @@ def run_sweep(slurm, tmp_path: Path, args: list[str], timeout: float = 900, when
                             f"(a job ended without one):\n{errors}")
             if time.monotonic() > deadline:
                 pytest.fail(f"sweep did not finish in {timeout:g} s; queue: {jobs}\n{tail(log)}")
-            time.sleep(2)
+            time.sleep(1)
     finally:
         if process.poll() is None:
             process.kill()
@@ -237,12 +238,12 @@ def test_requeued_job_restarts_and_resumes(slurm, tmp_path):
     rerun, with the script's default resume=auto, continues from the newest periodic checkpoint to completion
     with a summary, and the trap leaves no Ray process behind."""
     job_id, log, run_dir = submit_and_interrupt(slurm, tmp_path, ["scontrol", "requeue"], has_step_checkpoint,
-                                                "total_env_steps=800", "run.checkpoint_every_updates=50")
+                                                f"total_env_steps={REQUEUED_STEPS}", "run.checkpoint_every_updates=50")
     text = tail(log, 100000)
     assert "1 of 1 Ray node(s) up" in text and "rlfarm train ray.address=" in text
     assert f"job {job_id} on" in text and "got TERM" in text and "tearing down (status 143)" in text
     # a periodic one, or preempted.pt when the driver managed to write it before Ray went down
-    rerun = assert_resumed_to_completion(log, run_dir, 800, ("step_", "preempted"))
+    rerun = assert_resumed_to_completion(log, run_dir, REQUEUED_STEPS, ("step_", "preempted"))
     assert "tearing down (status 0)" in rerun
     assert not ray_processes_of(job_id)
 
@@ -255,12 +256,12 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(slurm, tmp_path):
     down and requeues its own job → the rerun resumes from preempted.pt and completes."""
     job_id, log, run_dir = submit_and_interrupt(
         slurm, tmp_path, ["scancel", "--batch", "--signal=USR1"], lambda d: len(metrics_rows(d)) >= 3,
-        "total_env_steps=800", "run.checkpoint_every_updates=0", "run.checkpoint_every_min=0")
+        f"total_env_steps={REQUEUED_STEPS}", "run.checkpoint_every_updates=0", "run.checkpoint_every_min=0")
     text = tail(log, 100000)
     first = text.split("(restart 1)", 1)[0]
     assert "USR1: time limit close" in first and "rlfarm train exited with 75" in first, first[-4000:]
     assert f"requeueing job {job_id}" in first
-    assert_resumed_to_completion(log, run_dir, 800, ("preempted.pt",))
+    assert_resumed_to_completion(log, run_dir, REQUEUED_STEPS, ("preempted.pt",))
     assert not ray_processes_of(job_id)
 
 
@@ -272,7 +273,8 @@ def test_requeued_sweep_job_resumes(slurm, tmp_path):
     newest checkpoint; the sweep command still collects the result and returns 0."""
     sweep = tmp_path / "sweep"
     run_dir = sweep / "0"
-    args = [sys.executable, "-m", "rlfarm.cli", "train", "-m", "hydra/launcher=slurm", "seed=1", "total_env_steps=800",
+    args = [sys.executable, "-m", "rlfarm.cli", "train", "-m", "hydra/launcher=slurm", "seed=1",
+            f"total_env_steps={REQUEUED_STEPS}",
             *TINY, *SLOW_LABELS, "resume=auto", "run.checkpoint_every_updates=50", f"hydra.sweep.dir={sweep}",
             "hydra.sweep.subdir=${hydra.job.num}"]
 
@@ -289,6 +291,6 @@ def test_requeued_sweep_job_resumes(slurm, tmp_path):
     resumed = re.search(r"resumed from (\S+) at (\d+) env steps", job_logs)
     assert resumed and Path(resumed.group(1)).name.startswith(("step_", "preempted")) and int(resumed.group(2)) > 0
     summary = read_summary(run_dir)
-    assert summary["env_steps"] == 800 and summary["transitions_stored"] == 800
+    assert summary["env_steps"] == summary["transitions_stored"] == REQUEUED_STEPS
     steps = [row["env_steps"] for row in metrics_rows(run_dir)]
     assert steps == sorted(steps), "metrics.jsonl went back in env steps: the rerun did not continue"
