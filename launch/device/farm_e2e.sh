@@ -25,19 +25,20 @@ sample_gpus() { nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.us
 train() {  # name, overrides...
   local name=$1; shift
   local pid; pid=$(sample_gpus /tmp/gpu_$name.csv)
-  [ -n "${PROFILE_AT:-}" ] && profile "$name" &
+  local profiler=""; [ -n "${PROFILE_AT:-}" ] && { profile "$name" & profiler=$!; }
   timeout $((WALL + 150)) rlfarm train topology=$TOPO env=halfcheetah run.live=false total_env_steps=100000000 \
     topology.roles.labeler.count=$LABELERS topology.roles.labeler.gpus=$LABELER_GPUS run.restart_timeout_s=300 \
     run.max_wall_s=$WALL hydra.run.dir=/tmp/$name "$@" > /tmp/$name.log 2>&1
-  echo "$name rc=$?"; kill "$pid"; tail -3 /tmp/$name.log | cut -c1-400
+  echo "$name rc=$?"; kill "$pid"; [ -n "$profiler" ] && kill "$profiler" 2>/dev/null; tail -3 /tmp/$name.log | cut -c1-400
   python3 launch/device/collect.py main /tmp/$name /tmp/gpu_$name.csv > "$OUT/$name.json"
 }
 profile() {  # name: py-spy the labelers, the learner and one runner of the run in progress
   for _ in $(seq 300); do  # until a metrics row shows updates/s > 0
-    grep -q '"updates_per_s": [1-9]' "/tmp/$1/metrics.jsonl" 2>/dev/null && break
+    grep -Eq '"updates_per_s": ([1-9]|0\.[0-9]*[1-9])' "/tmp/$1/metrics.jsonl" 2>/dev/null && break
     sleep 1
   done
   sleep "$PROFILE_AT"
+  [ -f "/tmp/$1/summary.json" ] && return  # the run is over: nothing of it left to sample
   for role in Labeler EnvRunner SACLearner; do
     for p in $(pgrep -f "ray::$role" | head -$([ $role = Labeler ] && echo 8 || echo 1)); do
       py-spy record --idle --format raw -r 200 -d 20 -p "$p" -o "$OUT/${1}_${role}_$p.txt" > /dev/null 2>&1 &

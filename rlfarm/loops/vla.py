@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 
 import numpy as np
 import ray
@@ -22,7 +23,7 @@ from rlfarm.envs.vla_tasks import check_vla_task
 from rlfarm.errors import ConfigError
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
-from rlfarm.loops.supervision import Supervisor
+from rlfarm.loops.supervision import Interrupted, Supervisor, WorkerLost
 from rlfarm.roles.vla import InferenceServerLost, VLALearner, VLARolloutWorker
 from rlfarm.roles.vla_server import VLAInferenceServer
 from rlfarm.run import Run
@@ -31,6 +32,8 @@ from rlfarm.topology import PlacedTopology
 
 log = logging.getLogger("rlfarm")
 SUCCESS_WINDOW = 10  # summary success_rate: mean over the last 10 updates' rollouts
+SERVER_DIED_IN_ROLLOUT = "re-run by its workers"  # a server recovery's "rollouts" (summary.recoveries, the log line)
+SERVER_DIED_BETWEEN = "none lost (it died between them)"
 SERVER_CALLS = 64  # concurrent sample() calls a server takes (each waits for its batch): two per worker, with room
 TIME_KEYS = ("rollout_s", "env_s", "infer_s", "overlap_s", "update_s", "step_s", "env_steps_per_s")
 
@@ -111,6 +114,8 @@ class VLALoop(SyncLoop):
         self.supervisor.write_roles_file()
         self._server_stats = [{"busy_s": 0.0, "wall_s": 0.0, "batches": 0, "observations": 0} for _ in self.servers]
         started = ray.get([server.stats.remote() for server in self.servers])
+        for server, stats in zip(self.supervisor.of("engine"), started):  # in case poll() had no answer from it yet
+            server.pid = server.pid or stats["pid"]
         self._server_decoding = {"dtype": started[0]["dtype"], "graphs": started[0]["graphs"]} if started else None
 
     def _step(self) -> dict:
@@ -139,6 +144,7 @@ class VLALoop(SyncLoop):
         resume plays them again (the seeds depend on the update number)."""
         calls = {i: self._send(i, seeds[i]) for i in range(len(self.workers))}
         done: dict[int, tuple[ray.ObjectRef, dict]] = {}
+        lost = Counter()  # rollouts each worker lost to its server in this update
         while calls:
             waiting = {stats: i for i, (_, stats) in calls.items()}
             ready = self._wait_unless_preempted(list(waiting), num_returns=1)
@@ -147,8 +153,12 @@ class VLALoop(SyncLoop):
                 batch, _ = calls.pop(i)
                 try:
                     stats = ray.get(ref)
-                except InferenceServerLost:  # before RayActorError: the worker is alive, its server died
-                    self._recover_server(i % len(self.servers))
+                except InferenceServerLost:  # the worker is alive; its server died (or came back without weights)
+                    lost[i] += 1
+                    if lost[i] > int(self.cfg.run.max_restarts) + 1:
+                        raise WorkerLost(f"env_runner {i}'s inference server failed its rollout {lost[i]} times "
+                                         "in one update; see the server's log") from None
+                    self._recover_server(i % len(self.servers), SERVER_DIED_IN_ROLLOUT)
                     calls[i] = self._send(i, seeds[i])
                     continue
                 except ray.exceptions.RayActorError:
@@ -166,42 +176,66 @@ class VLALoop(SyncLoop):
 
     def _recover(self, index: int, what: str) -> None:
         worker, started = self.supervisor.workers[index], time.monotonic()
-        pid = self.supervisor.wait_until_back(worker, float(self.cfg.run.restart_timeout_s))
+        pid = self._back(worker)
         ray.get(self._wire(index))
         self.supervisor.restarted(worker, pid, started, {"rollout": what})
 
-    def _load_servers(self) -> None:
-        """The newest weights into every server; a server found dead is recovered (which loads them)."""
-        loads = [server.load_weights.remote(self.weights) for server in self.servers]
-        for index, load in enumerate(loads):
-            try:
-                ray.get(load)
-            except ray.exceptions.RayActorError:
-                self._recover_server(index)
+    def _back(self, role) -> int:
+        """The role's new pid once Ray has restarted it (`run.restart_timeout_s`; WorkerLost when restarts are used
+        up); SIGTERM ends the wait, and preempted.pt holds the state before this cycle."""
+        try:
+            return self.supervisor.wait_until_back(role, float(self.cfg.run.restart_timeout_s), lambda: self._preempt)
+        except Interrupted:
+            raise self._preempted() from None
 
-    def _recover_server(self, index: int) -> None:
-        """Wait for Ray to restart server `index` (`run.restart_timeout_s`) and load the newest weights into it; one
-        death breaks the rollouts of all its workers, and the first of them to report it does the recovery."""
+    def _load_servers(self) -> None:
+        """The newest weights into every server, before any worker asks."""
+        for index in range(len(self.servers)):
+            self._load_server(index, SERVER_DIED_BETWEEN)
+
+    def _load_server(self, index: int, what: str) -> None:
+        """The newest weights into server `index` (a no-op for a server that holds them); one that died is waited
+        for and loaded again, as often as restarts allow."""
+        server = self.supervisor.of("engine")[index]
+        while True:
+            started = time.monotonic()
+            try:
+                ray.get(server.actor.load_weights.remote(self.weights))
+                return
+            except ray.exceptions.RayActorError:
+                self._server_restarted(index, self._back(server), started, what)
+
+    def _recover_server(self, index: int, what: str) -> None:
+        """Server `index` failed a worker's call: wait for Ray's restart and load the newest weights into it. One death
+        breaks the rollouts of all its workers; the first of them to report it records the restart."""
         server, started = self.supervisor.of("engine")[index], time.monotonic()
         try:
-            if ray.get(server.actor.stats.remote(), timeout=1.0)["pid"] == server.pid:
-                return  # back already: recovered when another of its workers reported the death
+            pid = ray.get(server.actor.stats.remote(), timeout=1.0)["pid"]
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            pass
-        pid = self.supervisor.wait_until_back(server, float(self.cfg.run.restart_timeout_s))
-        ray.get(server.actor.load_weights.remote(self.weights))
+            pid = None  # dead, or being restarted
+        if pid != server.pid:
+            self._server_restarted(index, self._back(server), started, what)
+        self._load_server(index, what)
+
+    def _server_restarted(self, index: int, pid: int, started: float, what: str) -> None:
         self._server_stats[index] = {key: 0.0 for key in self._server_stats[index]}  # a new process counts from 0
-        self.supervisor.restarted(server, pid, started, {"rollouts": "re-ran on its workers"})
+        self.supervisor.restarted(self.supervisor.of("engine")[index], pid, started, {"rollouts": what})
 
     def _server_deltas(self) -> dict:
-        """Since the last step, over all servers: mean observations per batch and the policy thread's busy share."""
+        """Since the last step, over all servers: mean observations per batch and the policy thread's busy share.
+        A server restarted since it last answered is recorded here (its next round loads the weights it lost)."""
         if not self.servers:
             return {}
-        now = ray.get([server.stats.remote() for server in self.servers])
-        for index, (stats, server) in enumerate(zip(now, self.supervisor.of("engine"))):
-            if server.pid is not None and stats["pid"] != server.pid:  # died and came back between two rollouts
-                self.supervisor.restarted(server, stats["pid"], time.monotonic(), {"rollouts": "nothing lost"})
-                self._server_stats[index] = {key: 0.0 for key in self._server_stats[index]}
+        now = []
+        for index, server in enumerate(self.supervisor.of("engine")):
+            try:
+                stats = ray.get(server.actor.stats.remote())
+            except ray.exceptions.RayActorError:
+                self._recover_server(index, SERVER_DIED_BETWEEN)
+                stats = ray.get(server.actor.stats.remote())
+            if server.pid is not None and stats["pid"] != server.pid:
+                self._server_restarted(index, stats["pid"], time.monotonic(), SERVER_DIED_BETWEEN)
+            now.append(stats)
         before, self._server_stats = self._server_stats, now
         delta = {k: sum(n[k] - b[k] for n, b in zip(now, before)) for k in ("busy_s", "wall_s", "batches", "observations")}
         return {"server_batch_mean": delta["observations"] / max(delta["batches"], 1),

@@ -18,6 +18,8 @@ import torch
 
 def size_classes(max_rows: int, min_rows: int = 8) -> list[int]:
     """max_rows, then the powers of two below it down to min_rows (at least one class: max_rows)."""
+    if max_rows < 1 or min_rows < 1:
+        raise ValueError(f"size classes need max_rows and min_rows >= 1, got {max_rows} and {min_rows}")
     sizes, size = [max_rows], 1 << (max(max_rows - 1, 1)).bit_length() - 1
     while size >= min_rows:
         if size < max_rows:
@@ -36,6 +38,12 @@ class GraphedRows:
         self._input = torch.zeros((max_rows, *row_shape), dtype=dtype, device=device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         sizes = size_classes(max_rows, min_rows)
+        with torch.cuda.device(device):  # capture on `device` whichever device is current
+            self._capture(sizes)
+        self._sizes = sorted(self._graphs)
+
+    def _capture(self, sizes: list[int]) -> None:
+        fn, device = self.fn, self._input.device
         warm = torch.cuda.Stream(device)  # capture needs its kernels compiled and autotuned, off the default stream
         warm.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(warm):
@@ -49,7 +57,6 @@ class GraphedRows:
             with torch.cuda.graph(graph, pool=pool):
                 out = fn(self._input[:size])
             self._graphs[size] = (graph, out)
-        self._sizes = sorted(self._graphs)
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         n = len(rows)

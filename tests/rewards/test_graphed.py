@@ -21,13 +21,15 @@ def row_features(rows: torch.Tensor) -> torch.Tensor:
 def test_graph_replays_match_the_function_for_every_size_and_replays_do_not_clobber_earlier_results():
     device = torch.device("cuda:0")
     graphed = GraphedRows(row_features, (2, 3), torch.uint8, device, max_rows=64)
-    rows = torch.randint(0, 256, (64, 2, 3), dtype=torch.uint8, device=device)
-    results = {n: graphed(rows[:n]) for n in (64, 33, 32, 9, 8, 1)}  # every one padded to a class, then cut
-    for n, result in results.items():  # read after later replays of the same graphs: each result is its own copy
-        torch.testing.assert_close(result, row_features(rows[:n]))
+    calls = [torch.randint(0, 256, (n, 2, 3), dtype=torch.uint8, device=device)  # fresh rows every call
+             for n in (64, 33, 9, 64, 32, 8, 1, 9, 64)]  # classes 64, 64, 16, 64, 32, 8, 8, 16, 64: each replayed again
+    results = [graphed(rows) for rows in calls]  # every call padded up to its class, then cut
+    for rows, result in zip(calls, results):  # read after later replays of the same graph: each result its own copy
+        torch.testing.assert_close(result, row_features(rows))
     # what a graph cannot serve runs the function itself: more rows than max_rows, another row shape or dtype
     many = torch.randint(0, 256, (65, 2, 3), dtype=torch.uint8, device=device)
     torch.testing.assert_close(graphed(many), row_features(many))
+    rows = calls[0]
     torch.testing.assert_close(graphed(rows[:5].float()), row_features(rows[:5].float()))
     wide = torch.randint(0, 256, (5, 3, 3), dtype=torch.uint8, device=device)
     torch.testing.assert_close(graphed(wide), row_features(wide))
