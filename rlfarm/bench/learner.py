@@ -12,6 +12,11 @@ with the bench's batch size, hidden sizes and buffer rows, doing its bursts (`up
 groups on a GPU, weights published every `publish_every`). That is the figure to hold `updates/s` inside the
 pipeline against, at the same sizes, e.g.
 `rlfarm bench learner bench.sizes.batch_size=4096 'bench.sizes.hidden=[256,256]'`.
+
+With `beside`, the role's loop is timed again with what surrounds it in the pipeline — chunks stored at a set rate
+and stats polled, EGL renderers on its GPU, both — each row against the loop alone
+(rlfarm/bench/learner_beside.py), e.g. `rlfarm bench learner device=cuda 'bench.cases={halfcheetah:
+{obs_dim: 17, act_dim: 6}}' 'bench.sizes.fast=[]' bench.sizes.batch_size=1024`.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from rlfarm.algos.sac import SACAgent
 from rlfarm.config import CONF_DIR
 from rlfarm.algos.sac_graph import GraphedSACUpdates, SACStep, replay_draw
 from rlfarm.bench.common import median_rate, sizes, synchronize
+from rlfarm.bench.learner_beside import measure_beside
 from rlfarm.buffers.replay import ReplayBuffer
 from rlfarm.buffers.sampler import UniformSampler
 from rlfarm.buffers.storage import TensorStorage
@@ -149,14 +155,16 @@ def measure_case(case: str, obs_dim: int, act_dim: int, size: DictConfig, seed: 
         log.info("%s: %.0f updates/s", name, row["value"])
         rows.append(row)
     if size.get("role", False):
-        row = measure_role(case, obs_dim, act_dim, size, seed, device) | {"baseline": eager_case}
-        log.info("%s: %.0f updates/s", row["case"], row["value"])
-        rows.append(row)
+        role_rows = measure_role(case, obs_dim, act_dim, size, seed, device)
+        role_rows[0] |= {"baseline": eager_case}
+        log.info("%s: %.0f updates/s", role_rows[0]["case"], role_rows[0]["value"])
+        rows += role_rows
     return rows, profiles
 
 
-def measure_role(case: str, obs_dim: int, act_dim: int, size: DictConfig, seed: int, device: str) -> dict:
-    """The SAC learner role's bursts, as its update loop runs them, at the bench's sizes (see the docstring)."""
+def measure_role(case: str, obs_dim: int, act_dim: int, size: DictConfig, seed: int, device: str) -> list[dict]:
+    """The SAC learner role's bursts, as its update loop runs them, at the bench's sizes (see the docstring); then,
+    for the case `size.beside` names, the role's loop with its pipeline neighbours (rlfarm/bench/learner_beside.py)."""
     algo = OmegaConf.load(CONF_DIR / "algo" / "sac.yaml")
     algo.batch_size, algo.buffer_size, algo.learning_starts = int(size.batch_size), int(size.buffer_rows), 0
     model = OmegaConf.load(CONF_DIR / "model" / "mlp.yaml")
@@ -181,17 +189,28 @@ def measure_role(case: str, obs_dim: int, act_dim: int, size: DictConfig, seed: 
                 learner.update_burst(burst)
 
         value = median_rate(bursts, calls * burst, device, int(size.repeats))
-        learner.publisher.close()
         agent_cfg = algo.agent
-        return {"case": name, "value": value, **common, "updates_per_call": burst,
-                "graph": learner.graphed is not None,
-                "graph_updates": int(agent_cfg.graph_updates) if learner.graphed else 0,
-                "compile": "losses+optimizers" if learner.graphed and learner.graphed.compile else "no",
-                "setup_s": round(setup_s, 2)}
+        rows = [{"case": name, "value": value, **common, "updates_per_call": burst,
+                 "graph": learner.graphed is not None,
+                 "graph_updates": int(agent_cfg.graph_updates) if learner.graphed else 0,
+                 "compile": "losses+optimizers" if learner.graphed and learner.graphed.compile else "no",
+                 "setup_s": round(setup_s, 2)}]
     except Exception as error:  # as a failing fast variant: the other rows still count
         log.warning("%s failed: %s: %s", name, type(error).__name__, error, exc_info=True)
-        return {"case": name, "value": 0.0, **common,
-                "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"}
+        return [{"case": name, "value": 0.0, **common,
+                 "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"}]
+    try:
+        beside = size.get("beside")
+        if beside and str(beside.case) == case:
+            rows += [row | {k: v for k, v in common.items() if k not in row}
+                     for row in measure_beside(learner, case, obs_dim, act_dim, beside, device)]
+    except Exception as error:  # the role row above still counts
+        log.warning("%s beside its neighbours failed: %s: %s", name, type(error).__name__, error, exc_info=True)
+        rows.append({"case": f"{case}/role loop", "value": 0.0, **common, "baseline": None,
+                     "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"})
+    finally:
+        learner.publisher.close()
+    return rows
 
 
 @contextlib.contextmanager

@@ -145,6 +145,16 @@ def test_bench_learner_on_cpu_writes_rows_with_ratios(tmp_path):
         # the learner role's own bursts at the same sizes (on CPU: eager, bursts of 8, no graph)
         role = rows[f"{case}/role"]
         assert role["value"] > 0 and role["graph"] is False and role["updates_per_call"] == 8
+    # HalfCheetah's role loop beside its pipeline neighbours: each row had them (chunks stored at the set rate, a
+    # renderer process drawing frames) and is held against the loop alone
+    loop = rows["halfcheetah/role loop"]
+    assert loop["value"] > 0 and loop["baseline"] is None and loop["stored_per_s"] == 0
+    for neighbours in ("ingest", "renderers", "renderers + ingest"):
+        row = rows[f"halfcheetah/role loop + {neighbours}"]
+        assert row["value"] > 0 and row["ratio"] == pytest.approx(row["value"] / loop["value"])
+        assert (row["stored_per_s"] > 500) == ("ingest" in neighbours)  # 1,000/s asked for
+        assert (row.get("frames_per_s", 0) > 0) == ("renderers" in neighbours)
+    assert "pendulum/role loop" not in rows
     assert {(row["batch"], row["hidden"]) for row in result["rows"]} == {(48, "24×24")}
     assert "ratio" in out.stdout  # the table
 

@@ -51,10 +51,11 @@ def test_actor_learner_learns_cartpole_to_400_within_300k_env_steps(tmp_path, al
     lags = [row["policy_lag_max"] for row in rows if row.get("policy_lag_max") is not None]
     assert lags and max(lags) <= 6  # every chunk a batch took was within the bound ...
     assert any(row["policy_lag_mean"] > 0 for row in rows if row.get("policy_lag_mean") is not None)  # ... and stale
-    # The final checkpoint plays through `rlfarm eval` (greedy actions), far above chance (~22). Not held to 400: the
-    # run stops the moment the sampled policy's 10-episode mean reaches it, and 3 greedy episodes of that policy
-    # scored 364 once in CI, and once a resumed two-rank APPO's greedy mean fell below 200 (5 later runs: 500).
-    played = rlfarm("eval", f"run_dir={run_dir}", "episodes=3", "video=false", timeout=300)
+    # The final checkpoint plays through `rlfarm eval` far above chance (~22), acting as the run was judged: sampled
+    # actions (deterministic=false). Greedy actions are not what the 10-episode target measured: a sampled policy at 400
+    # can drift off the track when made greedy (greedy means of 364, <200 and 132 were seen in CI). Not held to 400:
+    # the run stops the moment the sampled mean reaches it.
+    played = rlfarm("eval", f"run_dir={run_dir}", "episodes=5", "deterministic=false", "video=false", timeout=300)
     assert played.returncode == 0, played.stderr[-3000:]
     returns = json.loads((run_dir / "eval" / "returns.json").read_text())
     assert returns["return_mean"] >= 150, [episode["return"] for episode in returns["episodes"]]
