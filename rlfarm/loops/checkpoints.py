@@ -104,18 +104,20 @@ class PeriodicCheckpoints:
         if self._preempt:
             raise self._preempted(**checkpoint_args)
 
-    def _wait_unless_preempted(self, refs: list, num_returns: int | None = None) -> list:
+    def _wait_unless_preempted(self, refs: list, num_returns: int | None = None,
+                               timeout_s: float | None = None) -> list:
         """ray.wait for `num_returns` of `refs` (all by default), but SIGTERM ends the wait at once: a stage that
         takes minutes (a rollout or a generation with a big policy) is dropped, and preempted.pt holds the state
-        before it. Returns the ready refs."""
+        before it. Returns the ready refs (fewer than asked for once `timeout_s` has passed, if given)."""
         import ray
 
         wanted = len(refs) if num_returns is None else num_returns
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             ready, _ = ray.wait(list(refs), num_returns=wanted, timeout=PREEMPT_POLL_S)
             if self._preempt:
                 raise self._preempted()
-            if len(ready) >= wanted:
+            if len(ready) >= wanted or (deadline is not None and time.monotonic() >= deadline):
                 return ready
 
     def _preempted(self, **checkpoint_args) -> Preempted:

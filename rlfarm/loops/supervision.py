@@ -11,8 +11,9 @@ is the run's state, and a checkpoint + `resume` is how it comes back.
 
 No wait on a role is open-ended. `ask` is `ray.get` with a deadline that names the role that did not answer.
 `poll` keeps one stats request per role in flight and never waits past its `wait_s`; `unresponsive` names the
-roles whose request is older than the deadline, and the labelers stuck in one reward-model call for longer
-(a labeler reports `in_call_s` from another thread of its threaded actor). `kill` hands such a worker to Ray
+roles whose request is older than the deadline, the labelers stuck in one reward-model call for longer (a
+labeler reports `in_call_s` from another thread of its threaded actor) and the VLA rollout workers whose rollout
+has not moved for longer (`stalled_s`, from their watch thread). `kill` hands such a worker to Ray
 for a restart (the recovery path then re-wires it as after any death), or ends the run when restarts are used up."""
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ class Interrupted(RuntimeError):
     """A wait was cut short because the run must end now (SIGTERM, or run.max_wall_s)."""
 
 
+NO_PROGRESS = "made no progress in its rollout"  # a worker that answers stats, but whose rollout does not move
 SLICE_S = 0.2  # a long wait looks at its `interrupted` flag this often
 
 
@@ -184,11 +186,18 @@ class Supervisor:
         for role in roles:
             if role.asked is not None and role.asked[0] in late:
                 found.append((role, f"did not answer stats within {deadline_s:g} s"))
-            elif role.stats.get("in_call_s", 0.0) > (deadline_s if role.stats.get("warm", True) else warmup_s):
-                allowed = (f"run.role_timeout_s={deadline_s:g}" if role.stats.get("warm", True)
+                continue
+            warm = role.stats.get("warm", True)
+            limit = deadline_s if warm else warmup_s
+            if role.stats.get("in_call_s", 0.0) > limit:
+                allowed = (f"run.role_timeout_s={deadline_s:g}" if warm
                            else f"one of its first calls: run.restart_timeout_s={warmup_s:g}")
                 found.append((role, f"has been in one reward-model call for {role.stats['in_call_s']:.0f} s "
                                     f"({allowed})"))
+            elif role.stats.get("stalled_s", 0.0) > limit:  # a VLA rollout worker, answering from its watch thread
+                allowed = (f"run.role_timeout_s={deadline_s:g}" if warm
+                           else f"its first rollout: run.restart_timeout_s={warmup_s:g}")
+                found.append((role, f"{NO_PROGRESS} for {role.stats['stalled_s']:.0f} s ({allowed})"))
         return found
 
     def kill(self, worker: Worker, problem: str) -> None:

@@ -23,7 +23,7 @@ from rlfarm.envs.vla_tasks import check_vla_task
 from rlfarm.errors import ConfigError
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
-from rlfarm.loops.supervision import Interrupted, Supervisor, WorkerLost
+from rlfarm.loops.supervision import NO_PROGRESS, Interrupted, Supervisor, WorkerLost
 from rlfarm.roles.vla import InferenceServerLost, VLALearner, VLARolloutWorker
 from rlfarm.roles.vla_server import VLAInferenceServer
 from rlfarm.run import Run
@@ -35,6 +35,7 @@ SUCCESS_WINDOW = 10  # summary success_rate: mean over the last 10 updates' roll
 SERVER_DIED_IN_ROLLOUT = "re-run by its workers"  # a server recovery's "rollouts" (summary.recoveries, the log line)
 SERVER_DIED_BETWEEN = "none lost (it died between them)"
 SERVER_CALLS = 64  # concurrent sample() calls a server takes (each waits for its batch): two per worker, with room
+WATCH_S = 1.0  # while the workers play, look this often for a hung worker or server
 TIME_KEYS = ("rollout_s", "env_s", "infer_s", "overlap_s", "update_s", "step_s", "env_steps_per_s")
 
 
@@ -77,7 +78,9 @@ class VLALoop(SyncLoop):
         # Workers hold nothing a rebuild loses (envs, a policy copy): Ray restarts a dead one (its constructor again),
         # and the driver re-runs the rollout it was in the middle of (`_collect`). Calls are never retried by Ray.
         restartable = {"max_restarts": int(cfg.run.max_restarts), "max_task_retries": 0}
-        self.workers = [ray.remote(VLARolloutWorker).options(**placed.options(p), **restartable).remote(
+        # stats() runs on its own "watch" thread: it answers mid-rollout, so a hung worker is told from a busy one.
+        worker_class = ray.remote(concurrency_groups={"watch": 1})(VLARolloutWorker)
+        self.workers = [worker_class.options(**placed.options(p), **restartable).remote(
                             self.vla, share, p.index, p.threads)
                         for p, share in zip(runners, self.shares)]
         (learner,) = plan.of("learner")
@@ -147,7 +150,10 @@ class VLALoop(SyncLoop):
         lost = Counter()  # rollouts each worker lost to its server in this update
         while calls:
             waiting = {stats: i for i, (_, stats) in calls.items()}
-            ready = self._wait_unless_preempted(list(waiting), num_returns=1)
+            ready = self._wait_unless_preempted(list(waiting), num_returns=1, timeout_s=WATCH_S)
+            if not ready:
+                self._kill_hung(sorted(calls))
+                continue
             for ref in ready:
                 i = waiting[ref]
                 batch, _ = calls.pop(i)
@@ -170,6 +176,28 @@ class VLALoop(SyncLoop):
                     self._recover(i, "nothing lost")
                 done[i] = (batch, stats)
         return [done[i] for i in range(len(self.workers))]
+
+    def _kill_hung(self, busy: list[int]) -> None:
+        """Hand a hung role to Ray for a restart: a busy worker whose rollout has not moved for `run.role_timeout_s`
+        (or that does not answer stats at all), or the inference server such a worker has been waiting on. Its
+        rollouts then fail and are played again, as after any death (`_collect`)."""
+        self.supervisor.poll(0.0)
+        timeout_s, warmup_s = float(self.cfg.run.role_timeout_s), float(self.cfg.run.restart_timeout_s)
+        workers = {id(self.supervisor.workers[i]): i for i in busy}
+        for role, problem in self.supervisor.unresponsive(timeout_s, warmup_s):
+            if role.kind == "env_runner" and id(role) not in workers:
+                continue  # idle: its stats request waits behind nothing it is doing for this update
+            # A worker that answers but waits on its server: the server is what hangs. One that does not answer at
+            # all is hung itself (its last stats are stale).
+            if (role.kind == "env_runner" and problem.startswith(NO_PROGRESS) and role.stats.get("in_server_call")
+                    and self.servers):
+                server = self.supervisor.of("engine")[role.index % len(self.servers)]
+                if not server.killed:
+                    self.supervisor.kill(server, f"left {role.name} waiting on one call: {role.name} {problem}")
+                continue
+            if role.kind == "learner":
+                continue  # not restartable; it has nothing to do while the workers play (its deadline is elsewhere)
+            self.supervisor.kill(role, problem)
 
     def _send(self, index: int, seeds: list[int]) -> tuple[ray.ObjectRef, ray.ObjectRef]:
         return self.workers[index].collect.options(num_returns=2).remote(self.weights, seeds)

@@ -120,13 +120,27 @@ class VLARolloutWorker:
         self.env_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-group")
         self.weights = HeldWeights()
         self.server = None  # set_server: a batching inference server samples the actions instead of self.policy
+        # Read by stats() on the actor's watch thread while a rollout runs: when it last moved (None between
+        # rollouts), whether it waits on its server now, and how many rollouts this incarnation finished.
+        self._moved_at: float | None = None
+        self._in_server_call = False
+        self._rollouts = 0
 
     def shapes(self) -> dict[str, int]:
         return self.policy_shapes
 
+    @ray.method(concurrency_group="watch")
     def stats(self) -> dict:
-        """Which process this incarnation is (the driver tells a restarted worker by its pid)."""
-        return {"pid": os.getpid()}
+        """Which process this incarnation is (the driver tells a restarted worker by its pid) and, answered mid-
+        rollout from the watch thread, how long the rollout in progress has not moved (a policy call or an env step
+        is a move): the driver's deadline on a hung worker (`run.role_timeout_s`; a first rollout gets
+        `run.restart_timeout_s`: it may build or compile a policy)."""
+        moved_at = self._moved_at
+        return {"pid": os.getpid(), "stalled_s": time.monotonic() - moved_at if moved_at is not None else 0.0,
+                "in_server_call": self._in_server_call, "warm": self._rollouts > 0}
+
+    def _moved(self) -> None:
+        self._moved_at = time.monotonic()
 
     def load_weights(self, weights: Publication | None) -> None:
         """The learner's `publish` (None: keep the weights held); loaded only if newer than those."""
@@ -171,6 +185,7 @@ class VLARolloutWorker:
         halves = np.array_split(np.arange(n), 2) if self.cfg.pipeline and n > 1 else [np.arange(n)]
         started, infer_s, calls = time.perf_counter(), 0.0, 0
         pending: dict[int, Any] = {}
+        self._moved()
         try:
             while state["active"].any():
                 for group, members in enumerate(halves):
@@ -186,6 +201,8 @@ class VLARolloutWorker:
                     pending[group] = self.env_thread.submit(self._step_envs, live, actions, state, batch)
         finally:  # no env step outlives its rollout, a failed one's either: the next rollout resets these envs
             wait(list(pending.values()))
+            self._moved_at = None
+            self._rollouts += 1
         for future in pending.values():
             future.result()
         rollout_s = time.perf_counter() - started
@@ -204,10 +221,13 @@ class VLARolloutWorker:
         inputs = policy_inputs(self.tokenizer, [o["image"] for o in obs], [o["instruction"] for o in obs],
                                [o["proprio"] for o in obs])  # on the host: recorded as they are, sent once
         if self.server is not None:  # the worker's thread waits here while its env thread steps the other group
+            self._in_server_call = True
             try:
                 tokens, logprobs, version = ray.get(self.server.sample.remote(*(t.numpy() for t in inputs)))
             except ray.exceptions.RayActorError as error:  # the server's death, not this worker's
                 raise InferenceServerLost(f"its inference server died: {str(error).splitlines()[0]}") from None
+            finally:
+                self._in_server_call = False
             if version < self._expected_version:
                 raise InferenceServerLost(f"its inference server sampled with weights v{version}, not "
                                           f"v{self._expected_version}: it was restarted and lost them")
@@ -224,6 +244,7 @@ class VLARolloutWorker:
             batch[name][live, call] = value.cpu().numpy()  # the sampled tokens: the one host sync per call
         batch["called"][live, call] = True
         state["call"][live] += 1
+        self._moved()
         tokens = batch["tokens"][live, call].reshape(len(live), self.cfg.chunk_size, -1)
         return self.action_tokenizer.decode(tokens)
 
@@ -237,6 +258,7 @@ class VLARolloutWorker:
             batch["success"][i] = max(batch["success"][i], float(info["success"]))
             if terminated or truncated or state["call"][i] >= self.calls:
                 state["active"][i] = False
+            self._moved()
         state["env_s"] += time.perf_counter() - tick
 
     def close(self) -> None:

@@ -154,3 +154,36 @@ def test_the_inference_server_batches_concurrent_calls_and_its_logprobs_equal_th
         recomputed = learner.model.token_logprobs(torch.as_tensor(image), torch.as_tensor(words),
                                                   torch.as_tensor(proprio), torch.as_tensor(tokens), CFG.temperature)
         assert (recomputed - torch.as_tensor(logprobs)).abs().max() < 1e-4
+
+
+def test_stats_mid_rollout_say_how_long_the_rollout_has_not_moved(worker):
+    """What the driver's deadline on a hung worker reads (`stalled_s`, answered from the actor's watch thread while
+    collect runs): it grows while an env step hangs, and is 0 again once the rollout is over."""
+    import threading
+    import time
+
+    release, entered = threading.Event(), threading.Event()
+    env = worker.envs[5]
+    real_step = env.step
+
+    def hanging_step(action):
+        entered.set()
+        release.wait(30)
+        return real_step(action)
+
+    env.step = hanging_step
+    try:
+        rollout = threading.Thread(target=worker.collect, args=(None, [11, 12]))
+        rollout.start()
+        assert entered.wait(30)
+        time.sleep(0.5)
+        hung = worker.stats()
+        assert hung["stalled_s"] >= 0.4 and not hung["in_server_call"], hung
+        release.set()
+        rollout.join(30)
+        assert not rollout.is_alive()
+    finally:
+        release.set()
+        del env.step  # the env's own step again
+    done = worker.stats()
+    assert done["stalled_s"] == 0.0 and done["warm"], done

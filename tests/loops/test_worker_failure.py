@@ -96,25 +96,26 @@ VLA = ["experiment=ppo_vla", "algo.critic=separate", "topology=local_vla_server"
 
 
 @pytest.mark.slow
-def test_a_vla_worker_or_server_killed_mid_rollout_is_restarted_and_the_groups_played_again(tmp_path):
+def test_a_vla_worker_or_server_killed_or_hung_mid_rollout_is_restarted_and_the_groups_played_again(tmp_path):
     """The VLA family (two rollout workers and an inference server): rollout worker 1 is SIGKILLed just after an
     update's row is written, i.e. early in the next rollout. Ray restarts it, the driver re-wires it to its server and
     has it play its seeds again from the start. Later the inference server is SIGKILLed the same way: Ray restarts it,
-    the driver loads the newest weights into it, and both its workers play their seeds again. Every update still gets
-    all 128 episodes, whole."""
+    the driver loads the newest weights into it, and both its workers play their seeds again. Then worker 0 hangs
+    (SIGSTOP: it answers nothing): after run.role_timeout_s the driver names it, has Ray restart it, and it plays its
+    seeds again. Every update still gets all 128 episodes, whole."""
     pytest.importorskip("sapien", reason="SAPIEN is an optional extra: pip install -e .[sim]")
     run_dir = tmp_path / "run"
-    proc = start_train(run_dir, *VLA)
+    proc = start_train(run_dir, *VLA, "run.role_timeout_s=5")
 
     def pid_of(role: str, index: int) -> int:
         return next(r["pid"] for r in json.loads((run_dir / "roles.json").read_text())
                     if (r["role"], r["index"]) == (role, index))
 
-    def kill_as_a_rollout_begins(pid: int, after_s: float = 0.0) -> None:
+    def kill_as_a_rollout_begins(pid: int, after_s: float = 0.0, signal=signal.SIGKILL) -> None:
         rows = len(metrics_rows(run_dir))
         assert wait_for(lambda: len(metrics_rows(run_dir)) > rows, 60, every=0.005)  # a rollout has just begun
         time.sleep(after_s)
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal)
 
     try:
         assert wait_for(lambda: len(metrics_rows(run_dir)) >= 2, 240), "the run did not start"
@@ -122,13 +123,16 @@ def test_a_vla_worker_or_server_killed_mid_rollout_is_restarted_and_the_groups_p
         kill_as_a_rollout_begins(pid)
         assert wait_for(lambda: pid_of("env_runner", 1) != pid, 120), "the worker was not recovered"
         kill_as_a_rollout_begins(server_pid, after_s=0.1)  # past the weights' load, into the rollout (~0.4 s)
+        assert wait_for(lambda: pid_of("engine", 0) != server_pid, 120), "the server was not recovered"
+        hung = pid_of("env_runner", 0)
+        kill_as_a_rollout_begins(hung, signal=signal.SIGSTOP)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    record, server_record = summary["recoveries"]
+    record, server_record, hung_record = summary["recoveries"]
     assert (record["role"], record["index"], record["pid_before"]) == ("env_runner", 1, pid)
     assert record["pid_after"] != pid and record["rollout"] == "re-ran its 64 groups", record
     assert (server_record["role"], server_record["index"], server_record["pid_before"]) == ("engine", 0, server_pid)
@@ -141,9 +145,14 @@ def test_a_vla_worker_or_server_killed_mid_rollout_is_restarted_and_the_groups_p
     log = (run_dir / "train.log").read_text()
     assert "env_runner 1 (pid %d) died; restarted as pid" % pid in log
     assert "engine 0 (pid %d) died; restarted as pid" % server_pid in log
+    # the hung worker: named with what was wrong, restarted, its groups played again (the run still did 8 updates)
+    assert (hung_record["role"], hung_record["index"], hung_record["pid_before"]) == ("env_runner", 0, hung)
+    assert hung_record["pid_after"] != hung and hung_record["rollout"] == "re-ran its 64 groups", hung_record
+    assert "env_runner 0 (pid %d) did not answer stats within 5 s: killing it for Ray to restart" % hung in log
     roles = {(r["role"], r["index"]): r for r in json.loads((run_dir / "roles.json").read_text())}
     assert roles[("env_runner", 1)]["restarts"] == 1 and roles[("env_runner", 1)]["pid"] == record["pid_after"]
     assert roles[("engine", 0)]["restarts"] == 1 and roles[("engine", 0)]["pid"] == server_record["pid_after"]
+    assert roles[("env_runner", 0)]["restarts"] == 1 and roles[("env_runner", 0)]["pid"] == hung_record["pid_after"]
     # the separate critic trains beside the policy and is checkpointed with it; the policy has no value head
     assert rows[0]["value_mean"] == 0.0 and rows[-1]["value_loss"] >= 0 and "kept_groups" not in rows[0]
     import torch
