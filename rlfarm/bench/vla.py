@@ -137,7 +137,7 @@ def measure_server(vla, groups: int, workers: int, device: str, repeats: int, ti
     import ray
 
     from rlfarm.loops.vla import split_groups
-    from rlfarm.roles.vla import VLARolloutWorker
+    from rlfarm.roles.vla import remote_worker_class
     from rlfarm.roles.vla_server import VLAInferenceServer
 
     cuda = device == "cuda"
@@ -149,7 +149,7 @@ def measure_server(vla, groups: int, workers: int, device: str, repeats: int, ti
     try:
         shares = split_groups(groups, workers)
         vla = dataclasses.replace(vla, pipeline=True)
-        actors = [ray.remote(VLARolloutWorker).options(num_cpus=1, num_gpus=0).remote(vla, share, i, 1, "cpu")
+        actors = [remote_worker_class().options(num_cpus=1, num_gpus=0).remote(vla, share, i, 1, "cpu")
                   for i, share in enumerate(shares)]
         shapes = ray.get(actors[0].shapes.remote(), timeout=timeout_s)
         server = ray.remote(VLAInferenceServer).options(

@@ -24,7 +24,7 @@ from rlfarm.errors import ConfigError
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
 from rlfarm.loops.supervision import NO_PROGRESS, Interrupted, Supervisor, WorkerLost
-from rlfarm.roles.vla import InferenceServerLost, VLALearner, VLARolloutWorker
+from rlfarm.roles.vla import InferenceServerLost, VLALearner, remote_worker_class
 from rlfarm.roles.vla_server import VLAInferenceServer
 from rlfarm.run import Run
 from rlfarm.settings import known_fields
@@ -78,9 +78,7 @@ class VLALoop(SyncLoop):
         # Workers hold nothing a rebuild loses (envs, a policy copy): Ray restarts a dead one (its constructor again),
         # and the driver re-runs the rollout it was in the middle of (`_collect`). Calls are never retried by Ray.
         restartable = {"max_restarts": int(cfg.run.max_restarts), "max_task_retries": 0}
-        # stats() runs on its own "watch" thread: it answers mid-rollout, so a hung worker is told from a busy one.
-        worker_class = ray.remote(concurrency_groups={"watch": 1})(VLARolloutWorker)
-        self.workers = [worker_class.options(**placed.options(p), **restartable).remote(
+        self.workers = [remote_worker_class().options(**placed.options(p), **restartable).remote(
                             self.vla, share, p.index, p.threads)
                         for p, share in zip(runners, self.shares)]
         (learner,) = plan.of("learner")

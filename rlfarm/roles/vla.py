@@ -265,6 +265,12 @@ class VLARolloutWorker:
         self.env_thread.shutdown(wait=True)
 
 
+def remote_worker_class():
+    """VLARolloutWorker as a Ray actor class: `stats` answers from its own "watch" thread (concurrency group) while
+    `collect` runs, so the driver tells a hung worker from a busy one; every other call keeps the one ordered thread."""
+    return ray.remote(concurrency_groups={"watch": 1})(VLARolloutWorker)
+
+
 def merge_batches(batches: list[dict]) -> dict:
     return {name: np.concatenate([b[name] for b in batches]) for name in BATCH_ARRAYS} | \
         {"version": min(b["version"] for b in batches)}
