@@ -69,7 +69,7 @@ def loop_row(learner, case: str, baseline: str | None, seconds: float, device: s
         synchronize(device)
         started, updates = time.perf_counter(), learner.updates
         while time.perf_counter() - started < seconds:
-            learner._timed("store", learner._drain_inbox)  # noqa: SLF001 — the loop's own per-burst step
+            learner.store_arrived()
             learner.update_burst(burst)
         synchronize(device)
         elapsed = time.perf_counter() - started
@@ -78,7 +78,7 @@ def loop_row(learner, case: str, baseline: str | None, seconds: float, device: s
         stop.set()
         for thread in threads:
             thread.join()
-    learner._drain_inbox()  # noqa: SLF001 — what arrived after the clock stopped is not this row's
+    learner.store_arrived()  # what arrived after the clock stopped is not this row's
     row = {"case": case, "value": updates / elapsed, "unit": UNIT, "baseline": baseline, "seconds": round(elapsed, 2),
            "stored_per_s": round((learner.stored - stored_before) / elapsed, 1)}
     if renderers:

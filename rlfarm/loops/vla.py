@@ -181,9 +181,9 @@ class VLALoop(SyncLoop):
         rollouts then fail and are played again, as after any death (`_collect`)."""
         self.supervisor.poll(0.0)
         timeout_s, warmup_s = float(self.cfg.run.role_timeout_s), float(self.cfg.run.restart_timeout_s)
-        workers = {id(self.supervisor.workers[i]): i for i in busy}
+        playing = {self.supervisor.workers[i].index for i in busy}
         for role, problem in self.supervisor.unresponsive(timeout_s, warmup_s):
-            if role.kind == "env_runner" and id(role) not in workers:
+            if role.kind == "env_runner" and role.index not in playing:
                 continue  # idle: its stats request waits behind nothing it is doing for this update
             # A worker that answers but waits on its server: the server is what hangs. One that does not answer at
             # all is hung itself (its last stats are stale).

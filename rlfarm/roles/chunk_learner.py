@@ -134,7 +134,7 @@ class ChunkLearner:
         try:
             while True:
                 self._timed("checkpoint", self._serve_requests)
-                stored = self._timed("store", self._drain_inbox)
+                stored = self.store_arrived()
                 burst, finished = self._plan(self._updates_owed())
                 if burst:
                     self.update_burst(burst)
@@ -179,6 +179,11 @@ class ChunkLearner:
                 stage, started = self._in_stage
                 times[stage] += time.perf_counter() - started
         return times
+
+    def store_arrived(self) -> bool:
+        """Store every chunk that arrived since the last look (timed as "store"): the loop's step between bursts,
+        and what `rlfarm bench learner` repeats beside the bursts; whether anything was stored."""
+        return self._timed("store", self._drain_inbox)
 
     def update_burst(self, n: int) -> None:
         """n updates, then the weights published if due: the loop's work per burst (and what
