@@ -23,7 +23,7 @@ from rlfarm.envs.vla_tasks import check_vla_task
 from rlfarm.errors import ConfigError
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
-from rlfarm.loops.supervision import NO_PROGRESS, Interrupted, Supervisor, WorkerLost
+from rlfarm.loops.supervision import NO_PROGRESS, Interrupted, Supervisor, WorkerLost, ask_one
 from rlfarm.roles.vla import InferenceServerLost, VLALearner, remote_worker_class
 from rlfarm.roles.vla_server import VLAInferenceServer
 from rlfarm.run import Run
@@ -225,8 +225,9 @@ class VLALoop(SyncLoop):
         server = self.supervisor.of("engine")[index]
         while True:
             started = time.monotonic()
-            try:
-                ray.get(server.actor.load_weights.remote(self.weights))
+            try:  # a VLA-sized policy's weights may take a while to load: the restart deadline, not role_timeout_s
+                self._ask_server(server, server.actor.load_weights.remote(self.weights), "loading the newest weights",
+                                 float(self.cfg.run.restart_timeout_s))
                 return
             except ray.exceptions.RayActorError:
                 self._server_restarted(index, self._back(server), started, what)
@@ -243,6 +244,14 @@ class VLALoop(SyncLoop):
             self._server_restarted(index, self._back(server), started, what)
         self._load_server(index, what)
 
+    def _ask_server(self, server, call: ray.ObjectRef, what: str, timeout_s: float):
+        """A server's answer between rollouts, within `timeout_s` (a server that does not answer ends the run with one
+        line naming it); SIGTERM ends the wait. Its death raises RayActorError, for the caller's recovery."""
+        try:
+            return ask_one(server.name, call, what, timeout_s, lambda: self._preempt)
+        except Interrupted:
+            raise self._preempted() from None
+
     def _server_restarted(self, index: int, pid: int, started: float, what: str) -> None:
         self._server_stats[index] = {key: 0.0 for key in self._server_stats[index]}  # a new process counts from 0
         self.supervisor.restarted(self.supervisor.of("engine")[index], pid, started, {"rollouts": what})
@@ -254,11 +263,12 @@ class VLALoop(SyncLoop):
             return {}
         now = []
         for index, server in enumerate(self.supervisor.of("engine")):
+            timeout_s = float(self.cfg.run.role_timeout_s)
             try:
-                stats = ray.get(server.actor.stats.remote())
+                stats = self._ask_server(server, server.actor.stats.remote(), "stats", timeout_s)
             except ray.exceptions.RayActorError:
                 self._recover_server(index, SERVER_DIED_BETWEEN)
-                stats = ray.get(server.actor.stats.remote())
+                stats = self._ask_server(server, server.actor.stats.remote(), "stats", timeout_s)
             if server.pid is not None and stats["pid"] != server.pid:
                 self._server_restarted(index, stats["pid"], time.monotonic(), SERVER_DIED_BETWEEN)
             now.append(stats)
