@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +31,7 @@ from hydra.utils import instantiate
 from rlfarm.envs.spaces import policy_dims
 from rlfarm.envs.vector import RECORDED, StepBuffers, VectorEnv, make_env
 from rlfarm.roles.common import assigned_device, limit_threads, seed_everything
+from rlfarm.roles.stage_clock import StageClock
 from rlfarm.roles.versioned_weights import HeldWeights, Publication
 
 
@@ -62,38 +62,6 @@ def limit_software_rendering(threads: int) -> None:
     per core in every process that renders: dozens of runners on a many-core node would each start dozens.
     Give each rendering process its share of the runner's cores instead. A user's own setting wins."""
     os.environ.setdefault("LP_NUM_THREADS", str(max(1, threads)))
-
-
-class StageClock:
-    """Cumulative seconds per named stage (stats()["stage_s"]). A snapshot counts a stage timed by `timing` up to
-    now, so a runner blocked on credits for a whole metrics interval shows it in that interval."""
-
-    def __init__(self, *names: str):
-        self.seconds = dict.fromkeys(names, 0.0)
-        self._current: tuple[str, float] | None = None  # (stage, its start) while one runs
-        self._lock = threading.Lock()  # snapshots from other threads see each second once, never a dip
-
-    @contextmanager
-    def timing(self, name: str):
-        with self._lock:
-            self._current = (name, time.perf_counter())
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.seconds[name] += time.perf_counter() - self._current[1]
-                self._current = None
-
-    def add(self, name: str, seconds: float) -> None:
-        with self._lock:
-            self.seconds[name] += seconds
-
-    def snapshot(self) -> dict[str, float]:
-        with self._lock:
-            seconds = dict(self.seconds)
-            if self._current is not None:
-                seconds[self._current[0]] += time.perf_counter() - self._current[1]
-        return seconds
 
 
 class EnvRunner:
