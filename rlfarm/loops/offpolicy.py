@@ -23,8 +23,8 @@ from omegaconf import DictConfig
 from rlfarm.loops.checkpoints import PeriodicCheckpoints
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.roles import OffPolicyRoles, start_offpolicy_roles
-from rlfarm.loops.supervision import (SLICE_S, Interrupted, RoleFailed, RoleUnresponsive, Supervisor, Worker, ask,
-                                      ask_one, first_seq)
+from rlfarm.loops.deadlines import SLICE_S, Interrupted, RoleFailed, RoleUnresponsive, ask, ask_one
+from rlfarm.loops.supervision import Supervisor, Worker, first_seq
 from rlfarm.run import Run, newest_checkpoint
 from rlfarm.telemetry.live import LiveView
 from rlfarm.telemetry.stages import KINDS, StageShares

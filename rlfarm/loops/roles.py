@@ -8,7 +8,7 @@ import ray
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rlfarm.loops.supervision import RoleUnresponsive
+from rlfarm.loops.deadlines import RoleUnresponsive
 from rlfarm.roles.env_runner import EnvRunner, env_spaces
 from rlfarm.roles.actor_learner import ActorLearner
 from rlfarm.roles.labeler import Labeler

@@ -9,8 +9,7 @@ own counts (`dead_env_steps`, `settled_by_dead`, `delivered_by_dead`) and gives 
 of its share of the env steps (`successor_budget`, `tighten_budgets`). The learner is not restarted: its state
 is the run's state, and a checkpoint + `resume` is how it comes back.
 
-No wait on a role is open-ended. `ask` is `ray.get` with a deadline that names the role that did not answer.
-`poll` keeps one stats request per role in flight and never waits past its `wait_s`; `unresponsive` names the
+No wait on a role is open-ended (rlfarm/loops/deadlines.py). `poll` keeps one stats request per role in flight and never waits past its `wait_s`; `unresponsive` names the
 roles whose request is older than the deadline, the labelers stuck in one reward-model call for longer (a
 labeler reports `in_call_s` from another thread of its threaded actor) and the VLA rollout workers whose rollout
 has not moved for longer (`stalled_s`, from their watch thread). `kill` hands such a worker to Ray
@@ -26,55 +25,13 @@ from typing import Callable
 
 import ray
 
+from rlfarm.loops.deadlines import NO_PROGRESS, SLICE_S, WorkerLost, died
+
 log = logging.getLogger("rlfarm")
 
 SEQS_PER_EPOCH = 10**9        # chunk seqs of the k-th resume of a run begin at k·10⁹ ...
 SEQS_PER_INCARNATION = 10**7  # ... and those of a runner's i-th restart within it at i·10⁷: ids never collide
 MAX_INCARNATIONS = SEQS_PER_EPOCH // SEQS_PER_INCARNATION
-
-
-class RoleFailed(RuntimeError):
-    """A role failed in a way that ends the run; the message is the one line the user reads."""
-
-
-class WorkerLost(RoleFailed):
-    """A worker died and may not be restarted again (or did not come back)."""
-
-
-class RoleUnresponsive(RoleFailed):
-    """A role did not answer a call within its deadline."""
-
-
-class Interrupted(RuntimeError):
-    """A wait was cut short because the run must end now (SIGTERM, or run.max_wall_s)."""
-
-
-NO_PROGRESS = "made no progress in its rollout"  # a worker that answers stats, but whose rollout does not move
-SLICE_S = 0.2  # a long wait looks at its `interrupted` flag this often
-
-
-def ask(calls: list[tuple[str, ray.ObjectRef]], what: str, timeout_s: float,
-        interrupted: Callable[[], bool] | None = None) -> list:
-    """`ray.get` of several roles' answers, each named (e.g. ("labeler 2", ref)), within `timeout_s`; raises
-    RoleUnresponsive naming the first role that did not answer `what` in time, Interrupted when `interrupted()`
-    turns true meanwhile (checked every SLICE_S)."""
-    refs = [ref for _, ref in calls]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = deadline - time.monotonic()
-        _, pending = ray.wait(refs, num_returns=len(refs), timeout=max(min(left, SLICE_S), 0))
-        if not pending:
-            return ray.get(refs)
-        if interrupted is not None and interrupted():
-            raise Interrupted(f"stopped waiting for {what}")
-        if left <= 0:
-            late = next(name for name, ref in calls if ref in set(pending))
-            raise RoleUnresponsive(f"{late} did not answer {what} within {timeout_s:g} s")
-
-
-def ask_one(who: str, ref: ray.ObjectRef, what: str, timeout_s: float,
-            interrupted: Callable[[], bool] | None = None):
-    return ask([(who, ref)], what, timeout_s, interrupted)[0]
 
 
 @dataclass
@@ -102,17 +59,6 @@ def first_seq(epoch: int, incarnation: int) -> int:
 def incarnation_key(epoch: int, incarnation: int) -> int:
     """What the learner files a runner's chunks under: seq // SEQS_PER_INCARNATION."""
     return first_seq(epoch, incarnation) // SEQS_PER_INCARNATION
-
-
-def died(ref: ray.ObjectRef) -> BaseException | None:
-    """The actor-death error a finished `run()` ref holds, or None if it returned (or failed otherwise)."""
-    try:
-        ray.get(ref, timeout=0)
-    except ray.exceptions.RayActorError as error:  # ActorUnavailableError too: dead and being restarted
-        return error
-    except Exception:  # noqa: BLE001 - a role's own exception is not a death; the loop reports it
-        return None
-    return None
 
 
 class Supervisor:

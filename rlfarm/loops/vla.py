@@ -23,7 +23,8 @@ from rlfarm.envs.vla_tasks import check_vla_task
 from rlfarm.errors import ConfigError
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
-from rlfarm.loops.supervision import NO_PROGRESS, Interrupted, Supervisor, WorkerLost, ask_one
+from rlfarm.loops.deadlines import NO_PROGRESS, Interrupted, WorkerLost, ask_one
+from rlfarm.loops.supervision import Supervisor
 from rlfarm.roles.vla import InferenceServerLost, VLALearner, remote_worker_class
 from rlfarm.roles.vla_server import VLAInferenceServer
 from rlfarm.run import Run

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from rlfarm.roles.common import save_atomic
-from rlfarm.roles.versioned_weights import Publication, publication
+from rlfarm.sync.object_store import Publication, publication
 
 log = logging.getLogger("rlfarm")
 

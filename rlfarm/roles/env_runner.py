@@ -32,7 +32,7 @@ from rlfarm.envs.spaces import policy_dims
 from rlfarm.envs.vector import RECORDED, StepBuffers, VectorEnv, make_env
 from rlfarm.roles.common import assigned_device, limit_threads, seed_everything
 from rlfarm.roles.stage_clock import StageClock
-from rlfarm.roles.versioned_weights import HeldWeights, Publication
+from rlfarm.sync.object_store import HeldWeights, Publication
 
 
 def spread_rendering(index: int, render_gpus: list[int] | None = None) -> None:

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from rlfarm.algos.ppo_trainer import PPOConfig, flatten_for_update, ppo_update
 from rlfarm.buffers.rollout import EnvRollout
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic, seed_everything
-from rlfarm.roles.versioned_weights import Publication, publication
+from rlfarm.sync.object_store import Publication, publication
 
 
 class PPOLearner:

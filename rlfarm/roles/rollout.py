@@ -20,7 +20,7 @@ from rlfarm.buffers.rollout import EnvRollout
 from rlfarm.envs.spaces import policy_dims
 from rlfarm.envs.vector import VectorEnv
 from rlfarm.roles.common import limit_threads, seed_everything
-from rlfarm.roles.versioned_weights import HeldWeights, Publication
+from rlfarm.sync.object_store import HeldWeights, Publication
 
 
 class RolloutRunner:

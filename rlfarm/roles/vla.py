@@ -38,7 +38,7 @@ from rlfarm.models.lm import trainable_state_dict
 from rlfarm.models.vla import (HFInstructionTokenizer, HFVLAActions, InstructionTokenizer, TinyVLA,
                                load_hf_vla_actions, tiny_vla)
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic
-from rlfarm.roles.versioned_weights import HeldWeights, Publication, publication
+from rlfarm.sync.object_store import HeldWeights, Publication, publication
 from rlfarm.sync.local import HostSender
 
 BATCH_ARRAYS = ("image", "words", "proprio", "tokens", "logprobs", "called", "success", "steps")

@@ -35,7 +35,7 @@ from rlfarm.algos.vla import VLAConfig
 from rlfarm.models.gqa_decoding import use_packed_gqa_decoding
 from rlfarm.models.vla import sample_action_token
 from rlfarm.roles.common import assigned_device, limit_threads
-from rlfarm.roles.versioned_weights import HeldWeights, Publication
+from rlfarm.sync.object_store import HeldWeights, Publication
 from rlfarm.roles.vla import build_policy, load_trainable
 
 GRAPH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)  # batch sizes decoding is captured for (up to max_batch)

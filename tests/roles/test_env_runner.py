@@ -7,7 +7,7 @@ import torch
 from helpers import TINY_SAC, read_summary, train, wait_for
 from rlfarm.roles.env_runner import EnvRunner
 from rlfarm.roles.labeler import Labeler
-from rlfarm.roles.versioned_weights import publication
+from rlfarm.sync.object_store import publication
 
 ACTOR = {"_target_": "rlfarm.models.mlp.SquashedGaussianActor", "_partial_": True, "hidden": [16, 16]}
 HALFCHEETAH = {"id": "HalfCheetah-v5", "num_envs": 3, "kwargs": {"max_episode_steps": 4}}

@@ -6,8 +6,8 @@ A publication is `([ref], version)`: the ref is boxed in a list so that a Ray ca
 and a runner fetches the tensors only for a version new to it. Outside Ray (single-process tests and benches)
 the box holds the state itself.
 
-It lives in `roles/`, not `sync/`, because it is made of Ray's object store (`sync/` is plain torch); the
-LLM engines' transports are `rlfarm.sync`'s senders and receivers."""
+The object-store transport of `rlfarm.sync`, beside NCCL broadcast and CUDA IPC (the LLM engines' senders and
+receivers): the one module of `sync/` that speaks to Ray."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
