@@ -19,22 +19,23 @@ from collections.abc import Mapping
 
 from omegaconf import OmegaConf
 
+from rlfarm.families import named
 from rlfarm.topology import plan_topology
 
 
-def slurm_cpus(topology: Mapping, declared: float | None = None, family: str = "offpolicy") -> int:
-    """CPUs per task: the CPUs of the roles the family places, rounded up, or `ray.num_cpus` when that
-    declares more."""
-    needed = math.ceil(plan_topology(topology, family).total_cpus - 1e-9)
+def slurm_cpus(topology: Mapping, declared: float | None, family: str) -> int:
+    """CPUs per task: the CPUs of the roles the family (`algo.family`) places, rounded up, or `ray.num_cpus`
+    when that declares more."""
+    needed = math.ceil(plan_topology(topology, named(family)).total_cpus - 1e-9)
     if declared is not None:
         needed = max(needed, math.ceil(float(declared)))
     return max(needed, 1)
 
 
-def slurm_gpus(topology: Mapping, family: str = "offpolicy") -> int | None:
+def slurm_gpus(topology: Mapping, family: str) -> int | None:
     """GPUs per node: the sum of the topology's pools; None (no --gpus flag at all) when it has none,
     so a CPU-only topology also runs on clusters that define no GPU GRES."""
-    gpus = plan_topology(topology, family).total_gpus
+    gpus = plan_topology(topology, named(family)).total_gpus
     return gpus or None
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.checkpoint_files import newest_first, newest_intact
+from rlfarm.families import current_name, family_of
 from rlfarm.telemetry.metrics import MetricsLogger
 from rlfarm.telemetry.sinks import build_sinks
 
@@ -25,15 +26,19 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 
 class Run:
-    def __init__(self, cfg: DictConfig, directory: str | Path, step_key: str = "env_steps"):
+    """`family`: the config's family record (rlfarm/families.py): its step key orders the metrics rows, and its
+    loop shows its columns in the live view."""
+
+    def __init__(self, cfg: DictConfig, directory: str | Path):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_dir = self.dir / "checkpoints"
         self.checkpoint_dir.mkdir(exist_ok=True)
         (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        self.step_key = step_key
+        self.family = family_of(cfg)
+        self.step_key = self.family.step_key
         # the sinks first: a missing W&B package must fail before metrics.jsonl exists, so the run dir is discarded
-        self.metrics = MetricsLogger(self.dir, build_sinks(self.dir, cfg, step_key), step_key)
+        self.metrics = MetricsLogger(self.dir, build_sinks(self.dir, cfg, self.step_key), self.step_key)
 
     def truncate_metrics(self, after_step: int) -> None:
         """On resume: drop rows logged after the checkpoint (their step, `step_key`, is past `after_step`),
@@ -51,6 +56,14 @@ class Run:
     def fail(self, error: str, status: str = "failed", **details) -> None:
         self.metrics.close()
         write_json_atomic(self.dir / "status.json", {"status": status, "error": error, **details})
+
+
+def saved_config(run_dir: str | Path) -> DictConfig:
+    """The config a run saved (config.yaml), its family called by today's name (a run saved before a family was
+    renamed still resumes)."""
+    saved = OmegaConf.load(Path(run_dir) / "config.yaml")
+    saved.algo.family = current_name(saved.algo.family)
+    return saved
 
 
 def newest_checkpoint(run_dir: str | Path) -> Path | None:

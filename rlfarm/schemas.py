@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from rlfarm.families import FAMILIES
 from rlfarm.settings import RangeError, check_ranges
 
 
@@ -51,6 +52,10 @@ class Advantage(Choice):  # grpo: rewards normalized within each group | gae: a 
     gae = "gae"
 
 
+# algo.family: one of the family records' names (rlfarm/families.py), so a wrong one fails while Hydra composes
+FamilyName = Choice("FamilyName", {name: name for name in FAMILIES})
+
+
 class RewardTarget(Choice):  # rlfarm fit-reward: what the fitted model learns to predict
     env_reward = "env_reward"
     success = "success"
@@ -67,7 +72,7 @@ class Ranged:
 @dataclass
 class AlgoSchema(Ranged):
     name: str
-    family: str
+    family: FamilyName
 
 
 @dataclass
@@ -335,7 +340,7 @@ class PathSetting:
     wanted: str  # what the fix asks for
 
 
-# Settings that name something on disk, and what each must be. rlfarm.config.check_paths checks them before
+# Settings that name something on disk, and what each must be. rlfarm.config.paths.check_paths checks them before
 # anything starts: a role that cannot open its model or file dies only after Ray started, in a wall of log.
 PATH_SETTINGS = {
     "reward.model": PathSetting(PathKind.model, "a model folder written by save_pretrained, or a hub id like "
@@ -352,7 +357,7 @@ PATH_SETTINGS_BY_TARGET = {
 }
 
 # Nodes of groups without a schema whose keys are data, not rlfarm settings, so any key may be added with `+`
-# (rlfarm.config.check_known_keys). A schema's Any-typed dict (env.kwargs of gymnasium envs) is free-form too.
+# (rlfarm.config.known_keys). A schema's Any-typed dict (env.kwargs of gymnasium envs) is free-form too.
 FREE_FORM_KEYS = ("env.kwargs",  # the env's constructor arguments (ManiSkill, SAPIEN)
                   "model.config",  # an HF model config (model_type, hidden_size, ...)
                   "model.lora",  # LoRA's arguments (r, alpha, target_modules, ...)

@@ -13,16 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from rlfarm.errors import TopologyError
+from rlfarm.families import Family
 
-ROLE_NAMES = ("learner", "env_runner", "labeler", "engine")
-# Roles each algorithm family needs; a topology may list more (a shared file for both families).
-# onpolicy_env: PPO on gymnasium envs, the policy inside the env runners and the env's own reward (no labelers).
-FAMILY_ROLES = {"offpolicy": ("learner", "env_runner", "labeler"), "onpolicy": ("learner", "engine", "labeler"),
-                "onpolicy_env": ("learner", "env_runner"),
-                "vla": ("learner", "env_runner")}  # VLA GRPO: env runners play groups with a policy copy (rlfarm/loops/vla.py)
-# Roles a family places when the topology lists them: the VLA family's engine is a batching inference server the rollout
-# workers share (rlfarm/roles/vla_server.py); without one, each worker infers with its own policy copy.
-OPTIONAL_ROLES = {"vla": ("engine",)}
+ROLE_NAMES = ("learner", "env_runner", "labeler", "engine")  # a topology may list more than its family places
 
 
 @dataclass(frozen=True)
@@ -68,9 +61,9 @@ def _role_field(role: str, spec: Mapping, key: str, default, kind):
     return value
 
 
-def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
+def plan_topology(topology: Mapping, family: Family) -> Plan:
     """Pack role instances into per-GPU bundles. Raises TopologyError on an impossible topology.
-    Only the roles `family` uses are placed."""
+    Only the roles `family` places are placed (a topology file may serve several families)."""
     name = str(topology.get("name", "custom"))
     pools = topology.get("pools") or {}
     pool_gpus: dict[str, int] = {}
@@ -81,7 +74,7 @@ def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
                                 f"set topology.pools.{pool}.gpus=<int>")
         pool_gpus[pool] = gpus
     roles = topology.get("roles") or {}
-    for missing in (r for r in FAMILY_ROLES[family] if r not in roles):
+    for missing in (r for r in family.roles if r not in roles):
         raise TopologyError(f"topology '{name}' has no role '{missing}'",
                             f"add topology.roles.{missing} with pool/count/cpus/gpus")
     free: dict[str, list[float]] = {pool: [1.0] * n for pool, n in pool_gpus.items()}
@@ -91,15 +84,15 @@ def plan_topology(topology: Mapping, family: str = "offpolicy") -> Plan:
     for role, spec in roles.items():
         if role not in ROLE_NAMES:
             raise TopologyError(f"unknown role '{role}' in topology '{name}'", f"roles are {', '.join(ROLE_NAMES)}")
-        if role not in FAMILY_ROLES[family] and role not in OPTIONAL_ROLES.get(family, ()):
+        if not family.places(role):
             continue
         if not isinstance(spec.get("count", 1), (int, float)) or spec.get("count", 1) < 1:
             raise TopologyError(f"topology.roles.{role}.count must be at least 1, got {spec.get('count')!r}",
                                 f"set topology.roles.{role}.count=1 or more")
         count = _role_field(role, spec, "count", 1, float)
-        # Learner count N > 1 = N data-parallel ranks, one GPU each: on-policy (rlfarm/roles/learner_group.py) and the
-        # off-policy actor-learners (rlfarm/roles/actor_learner.py; config.py refuses them for SAC).
-        single = role == "learner" and family not in ("onpolicy", "offpolicy")
+        # Learner count N > 1 = N data-parallel ranks, one GPU each, where the family's learner has ranks
+        # (`Family.learner_ranks`; its config rules may refuse them for one algorithm, as for SAC).
+        single = role == "learner" and not family.learner_ranks
         if count != int(count) or (single and count != 1):
             raise TopologyError(f"topology.roles.{role}.count must be a whole number{' equal to 1' if single else ''}, got {count:g}",
                                 f"set topology.roles.{role}.count={'1' if single else '<int>'}")

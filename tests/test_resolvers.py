@@ -33,9 +33,10 @@ def test_other_families_are_planned_as_themselves(overrides, gpus):
 
 
 def test_planning_split_2_1_as_offpolicy_is_what_failed_before():
+    from rlfarm.families import OFFPOLICY
     from rlfarm.resolvers import slurm_gpus
 
     cfg = compose("train", ["experiment=grpo_qwen05b_shape", "topology=split_2_1"])
     with pytest.raises(RlfarmError):
-        slurm_gpus(cfg.topology)  # the family defaults to off-policy: no env_runner role in this file
-    assert slurm_gpus(cfg.topology, "onpolicy") == 3
+        slurm_gpus(cfg.topology, OFFPOLICY.name)  # what the launcher asked before: no env_runner role in this file
+    assert slurm_gpus(cfg.topology, cfg.algo.family) == 3

@@ -53,10 +53,11 @@ def _local_ray_facts(overrides: list[str]) -> dict:
 
     from rlfarm.cluster import ray_session
     from rlfarm.config import compose
+    from rlfarm.families import family_of
     from rlfarm.topology import plan_topology
 
     cfg = compose("train", ["ray.num_cpus=2", *overrides])
-    with ray_session(cfg.ray, plan_topology(cfg.topology)):
+    with ray_session(cfg.ray, plan_topology(cfg.topology, family_of(cfg))):
         ray.get(ray.remote(lambda: None).options(num_cpus=0).remote())  # a worker, with its gRPC server
         info = dict(ray._private.worker.global_worker.node.address_info)
         from ray._private.utils import get_dashboard_dependency_error
@@ -144,10 +145,11 @@ def test_dashboard_without_its_packages_is_one_clear_line(monkeypatch):
     from rlfarm.cluster import ray_session
     from rlfarm.config import compose
     from rlfarm.errors import ConfigError
+    from rlfarm.families import family_of
     from rlfarm.topology import plan_topology
 
     monkeypatch.setattr(ray_utils, "get_dashboard_dependency_error", lambda: "aiohttp missing")
     cfg = compose("train", ["ray.dashboard=true"])
     with pytest.raises(ConfigError, match="ray.dashboard=true needs"):
-        with ray_session(cfg.ray, plan_topology(cfg.topology)):
+        with ray_session(cfg.ray, plan_topology(cfg.topology, family_of(cfg))):
             pass

@@ -4,6 +4,7 @@ import pytest
 from rlfarm.config import compose
 from rlfarm.errors import TopologyError
 from rlfarm.commands.plan import Probe
+from rlfarm.families import OFFPOLICY
 from rlfarm.topology import PlacedTopology, check_cluster, plan_topology
 
 
@@ -12,7 +13,7 @@ def topology(name):
 
 
 def test_split_1_3_packs_two_labelers_per_reward_gpu():
-    plan = plan_topology(topology("split_1_3"))
+    plan = plan_topology(topology("split_1_3"), OFFPOLICY)
     assert plan.pool_gpus == {"train": 1, "reward": 3}
     assert [(p.pool, p.bundle) for p in plan.of("labeler")] == [("reward", b) for b in (0, 0, 1, 1, 2, 2)]
     (learner,) = plan.of("learner")
@@ -23,13 +24,13 @@ def test_split_1_3_packs_two_labelers_per_reward_gpu():
 
 
 def test_local_topology_needs_no_gpu():
-    plan = plan_topology(topology("local"))
+    plan = plan_topology(topology("local"), OFFPOLICY)
     assert plan.total_gpus == 0
     check_cluster(plan, {"CPU": 2, "GPU": 0})
 
 
 def test_cluster_too_small_is_one_line():
-    plan = plan_topology(topology("split_1_3"))
+    plan = plan_topology(topology("split_1_3"), OFFPOLICY)
     with pytest.raises(TopologyError) as info:
         check_cluster(plan, {"CPU": 64, "GPU": 2})
     assert "needs 4 GPUs but the cluster has 2" in str(info.value) and "\n" not in str(info.value)
@@ -51,14 +52,14 @@ def test_impossible_topologies_fail_with_one_line(change, message):
     t = OmegaConf.to_container(topology("split_1_3"))
     change(t)
     with pytest.raises(TopologyError) as info:
-        plan_topology(t)
+        plan_topology(t, OFFPOLICY)
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_placement_with_declared_gpus(ray_cpu):
     """Labelers land on the reward pool's GPUs, the learner on the train pool's, never shared."""
     ray = ray_cpu
-    plan = plan_topology(topology("split_1_3"))
+    plan = plan_topology(topology("split_1_3"), OFFPOLICY)
     placed = PlacedTopology(plan, ready_timeout_s=30)
     try:
         actors = {(p.role, p.index): ray.remote(Probe).options(**placed.options(p)).remote() for p in plan.placements}
@@ -101,7 +102,7 @@ def _multi_gpu_learner():
 
 
 def test_a_learner_with_two_gpus_gets_one_bundle_holding_both():
-    plan = plan_topology(_multi_gpu_learner())
+    plan = plan_topology(_multi_gpu_learner(), OFFPOLICY)
     (learner,) = plan.of("learner")
     assert plan.bundles["train"][learner.bundle]["GPU"] == 2.0
     assert sorted(b["GPU"] for b in plan.bundles["train"]) == [1.0, 2.0]  # 3 GPUs: one 2-GPU bundle + one
@@ -109,14 +110,14 @@ def test_a_learner_with_two_gpus_gets_one_bundle_holding_both():
     with pytest.raises(TopologyError, match="ask for 4 GPUs but the pool has 3"):
         t = _multi_gpu_learner()
         t["roles"]["labeler"].update(count=4)
-        plan_topology(t)
+        plan_topology(t, OFFPOLICY)
 
 
 def test_a_two_gpu_learner_is_placed_on_two_gpus(ray_cpu):
     ray = ray_cpu
     t = _multi_gpu_learner()
     t["pools"].pop("reward")
-    plan = plan_topology(t)
+    plan = plan_topology(t, OFFPOLICY)
     placed = PlacedTopology(plan, ready_timeout_s=30)
     try:
         learner = plan.of("learner")[0]

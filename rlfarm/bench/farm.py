@@ -21,6 +21,7 @@ import ray
 from omegaconf import OmegaConf
 
 from rlfarm.config import CONF_DIR
+from rlfarm.families import OFFPOLICY
 from rlfarm.roles.sac_learner import SACLearner
 from rlfarm.topology import PlacedTopology, Placement, Plan, check_cluster, plan_topology
 
@@ -166,7 +167,7 @@ class Placed:
 
 @contextmanager
 def placed(topology: dict) -> Iterator[tuple[Plan, Placed]]:
-    plan = plan_topology(topology, "offpolicy")
+    plan = plan_topology(topology, OFFPOLICY)
     phase = Placed(PlacedTopology(plan))
     try:
         yield plan, phase

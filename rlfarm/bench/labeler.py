@@ -28,6 +28,7 @@ from rlfarm.bench.common import median_rate, sizes
 from rlfarm.bench.farm import (ChunkProducer, InstantAck, assigned_gpus, bench_ray, box_spaces, farm_topology,
                                placed, start_learner, steady_window, sum_stats, wait_until)
 from rlfarm.config import CONF_DIR
+from rlfarm.families import OFFPOLICY
 from rlfarm.rewards.clip_factory import SHAPES, save_random_clip
 from rlfarm.roles.labeler import Labeler
 from rlfarm.topology import plan_topology
@@ -44,7 +45,7 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
                              labeler_gpus=1 / int(size.labelers_per_gpu) if gpus else 0.0, cpus=float(size.cpus_per_actor))
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="rlfarm-bench-clip-") as models, \
-            bench_ray(plan_topology(topology, "offpolicy"), device):
+            bench_ray(plan_topology(topology, OFFPOLICY), device):
         frame = image_size(size.shapes[0])
         rows.append(producers_alone(size, topology, frame))
         for shape in size.shapes:

@@ -28,6 +28,7 @@ from rlfarm.bench.farm import (NEVER, ChunkProducer, InstantAck, Window, assigne
                                farm_topology, placed, start_learner, steady_window, sum_stats, wait_until)
 from rlfarm.bench.fixed_cost_env import MODULE_ENV_ID
 from rlfarm.config import CONF_DIR
+from rlfarm.families import OFFPOLICY
 from rlfarm.rewards.fixed_cost import FixedCostReward
 from rlfarm.roles.env_runner import EnvRunner
 from rlfarm.roles.labeler import Labeler
@@ -44,7 +45,7 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
     cpus = float(size.cpus_per_actor)
     runners_topology = farm_topology("bench-pipeline", runners=int(size.runners), labelers=labelers,
                                      labeler_gpus=labeler_gpus, cpus=cpus)
-    with bench_ray(plan_topology(runners_topology, "offpolicy"), device):
+    with bench_ray(plan_topology(runners_topology, OFFPOLICY), device):
         reward = reward_stage(size, runners_topology)
         env = env_stage(size, runners_topology)
         whole = whole_pipeline(size, runners_topology)

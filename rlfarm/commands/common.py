@@ -9,6 +9,7 @@ from rlfarm.cluster import cluster_address
 from rlfarm.config import (CONF_DIR, check_known_keys, check_output_dir, check_schema_ranges, compose, sweep_variants,
                            validate)
 from rlfarm.errors import ConfigError
+from rlfarm.families import family_of
 from rlfarm.topology import check_cluster, local_resources, plan_topology
 
 MULTIRUN_FLAGS = {"-m", "--multirun"}
@@ -69,7 +70,7 @@ def launches_elsewhere(args: list[str]) -> bool:
 def check_local_cluster(cfg: DictConfig, args: list[str]) -> None:
     """The topology fits the private local cluster, or a cluster listens at ray.address (checked in seconds;
     the cluster's size is checked once joined). Skipped for a sweep sent to other machines."""
-    plan = plan_topology(cfg.topology, cfg.algo.family)
+    plan = plan_topology(cfg.topology, family_of(cfg))
     if launches_elsewhere(args):
         return
     if cfg.ray.address:

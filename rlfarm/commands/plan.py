@@ -12,6 +12,7 @@ from rlfarm.cli import fail
 from rlfarm.cluster import ray_session
 from rlfarm.commands.common import check_local_cluster, compose_checked
 from rlfarm.errors import RlfarmError
+from rlfarm.families import family_of
 from rlfarm.topology import PlacedTopology, describe, gpu_share_label, plan_topology
 
 
@@ -42,7 +43,7 @@ def placements_with_gpu_ids(plan, placed: PlacedTopology) -> list[dict]:
 
 def task(cfg: DictConfig) -> list[dict]:
     try:
-        plan = plan_topology(cfg.topology, cfg.algo.family)
+        plan = plan_topology(cfg.topology, family_of(cfg))
         with ray_session(cfg.ray, plan):
             placed = PlacedTopology(plan, float(cfg.ray.ready_timeout_s))
             rows = placements_with_gpu_ids(plan, placed)

@@ -136,7 +136,7 @@ class OffPolicyLoop(PeriodicCheckpoints):
             raise RoleUnresponsive(f"the learner did not answer stats within {self.deadline_s:g} s")
         sup.write_roles_file()
         title = f"rlfarm · {self.cfg.algo.name} · {self.cfg.env.id} · {self.cfg.topology.name}"
-        view = LiveView(title, self.cfg.run.live, total_env_steps=total)  # its ETA: from the rate shown
+        view = LiveView(title, self.cfg.run.live, columns=self.run.family.columns, total_env_steps=total)
         with self.until_preempted(with_buffer=True), view:
             while not self._finished():                                                   # 1. act/label/learn
                 row = self._record()

@@ -25,7 +25,6 @@ LEARNER_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fract
 
 class PPOLoop(SyncLoop):
     """Episodes that were running at a checkpoint are lost on resume: the runners start fresh ones."""
-    columns = "ppo"
 
     def __init__(self, cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None):
         self.cfg, self.run = cfg, run

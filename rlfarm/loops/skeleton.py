@@ -4,7 +4,7 @@ checkpoints and SIGTERM (`PeriodicCheckpoints`); the loop's `Progress` saved wit
 on resume, the checkpoint schedule continuing from the restored update.
 
 A family sets `progress` (through `_begin`, its counters including `updates`), `target` (the window mean that
-ends the run early, or None), `title` and `columns`, and fills in its stages:
+ends the run early, or None) and `title`, and fills in its stages (the live view shows its family's columns):
     _warm_up()                 start-up the clock does not count (the actors get the learner's first weights)
     _has_work() -> bool        another cycle fits the budget (default: updates < algo.max_updates)
     _step() -> dict            one cycle as named stages; what it measured
@@ -25,7 +25,6 @@ log = logging.getLogger("rlfarm")
 
 
 class SyncLoop(PeriodicCheckpoints):
-    columns = "onpolicy"  # the live view's column set
     progress: Progress
     target: float | None
     title: str
@@ -41,7 +40,7 @@ class SyncLoop(PeriodicCheckpoints):
         self._warm_up()
         self.progress.restart_clock()  # the clock counts training, not the roles' start-up (imports, model build)
         row: dict = {}
-        with self.until_preempted(), LiveView(self.title, self.cfg.run.live, columns=self.columns) as view:
+        with self.until_preempted(), LiveView(self.title, self.cfg.run.live, columns=self.run.family.columns) as view:
             while self._has_work():
                 row = self._record(self._step())
                 self.run.log(row)

@@ -1,6 +1,7 @@
 """What the user watches: a rich live table on a terminal, a periodic log line elsewhere (CI, Slurm logs).
-The off-policy view ends with where the time goes: the busy percent of runners/labelers/learner and the
-bottleneck (rlfarm/telemetry/stages.py).
+The columns are the family's (rlfarm/telemetry/columns.py, named by its record in rlfarm/families.py); the
+off-policy view ends with where the time goes: the busy percent of runners/labelers/learner and the bottleneck
+(rlfarm/telemetry/stages.py).
 
 The table stays at the bottom of the terminal with everything else printed above it: while it is live, every
 logging handler bound to the terminal (Hydra's console handler) is swapped for a rich handler on the live console
@@ -22,33 +23,12 @@ from rich.live import Live
 from rich.logging import RichHandler
 from rich.table import Table
 
+from rlfarm.telemetry.columns import Columns
 from rlfarm.telemetry.rates import WINDOW_S, SmoothedRate
 from rlfarm.telemetry.stages import busy_split
 
 log = logging.getLogger("rlfarm")
 
-ONPOLICY_COLUMNS = (
-    ("updates", "updates", "{:,.0f}"), ("samples_per_s", "samples/s", "{:,.0f}"), ("reward", "reward", "{:.3f}"),
-    ("reward_mean", "reward (last 10)", "{:.3f}"), ("kept_groups", "kept groups", "{:.2f}"),
-    ("entropy", "entropy", "{:.2f}"), ("generated_tokens_per_s", "gen tok/s", "{:,.0f}"),
-    ("step_s", "step s", "{:.2f}"), ("sync_s", "sync s", "{:.3f}"), ("staleness", "stale", "{:.0f}"),
-    ("engine_busy", "engine busy", "{:.0%}"), ("learner_busy", "learner busy", "{:.0%}"), ("wall_s", "wall s", "{:,.0f}"),
-)
-PPO_COLUMNS = (
-    ("env_steps", "env steps", "{:,.0f}"), ("env_steps_per_s", "env steps/s", "{:,.0f}"), ("updates", "updates", "{:,.0f}"),
-    ("episode_return_mean", "return (last 10)", "{:.1f}"), ("policy_loss", "policy loss", "{:.3f}"),
-    ("value_loss", "value loss", "{:.3f}"), ("entropy", "entropy", "{:.2f}"), ("approx_kl", "KL", "{:.4f}"),
-    ("eta_s", "ETA s", "{:,.0f}"),
-)
-COLUMNS = (  # (row key, title, format)
-    ("env_steps", "env steps", "{:,.0f}"), ("env_steps_per_s", "env steps/s", "{:,.0f}"),
-    ("labeled_per_s", "labeled/s", "{:,.0f}"), ("updates_per_s", "updates/s", "{:,.1f}"),
-    ("labeling_lag_s", "label lag s", "{:.3f}"), ("buffer_size", "buffer", "{:,.0f}"),
-    ("episode_return_mean", "return (last 10)", "{:.1f}"), ("transitions_quarantined", "quarantined", "{:,.0f}"),
-    ("worker_restarts", "restarts", "{:,.0f}"), ("eta_s", "ETA s", "{:,.0f}"),
-)
-# Where the time goes (off-policy): under the table as one line, at the end of the plain log line.
-STAGE_FIELDS = (("busy", "busy % run/lab/learn", "{}"), ("bottleneck", "bottleneck", "{}"))
 DERIVED = {"busy": busy_split}  # fields computed from the row, not logged in it
 # rate shown → the growing count it is the rate of (both in the row, with wall_s as the clock)
 RATE_COUNTS = {"env_steps_per_s": "env_steps", "labeled_per_s": "transitions_labeled", "updates_per_s": "updates",
@@ -61,12 +41,12 @@ def _fmt(fmt: str, value) -> str:
 
 
 class LiveView:
-    def __init__(self, title: str, mode: str | bool = "auto", log_every_s: float = 10.0, columns: str = "offpolicy",
+    def __init__(self, title: str, mode: str | bool = "auto", log_every_s: float = 10.0, *, columns: Columns,
                  total_env_steps: int | None = None):
-        """`mode`: run.live (auto: live when stdout is a terminal). `total_env_steps`: the budget the ETA shown is
-        counted towards (None: the row's own eta_s)."""
-        self.columns = {"onpolicy": ONPOLICY_COLUMNS, "ppo": PPO_COLUMNS}.get(columns, COLUMNS)
-        self.footer = STAGE_FIELDS if self.columns is COLUMNS else ()
+        """`mode`: run.live (auto: live when stdout is a terminal). `columns`: what to show of a row, the family's
+        (`run.family.columns`). `total_env_steps`: the budget the ETA shown is counted towards (None: the row's own
+        eta_s)."""
+        self.columns, self.footer = columns.shown, columns.footer
         console = Console(file=sys.stdout)
         self.enabled = console.is_terminal if mode == "auto" else bool(mode)
         self.title, self.log_every_s, self._last_log = title, log_every_s, 0.0

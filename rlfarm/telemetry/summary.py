@@ -1,10 +1,10 @@
-"""The paragraph printed at the end of a run."""
+"""The paragraph printed at the end of a run, one per family (named by its record in rlfarm/families.py)."""
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
 
-def summary_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
+def offpolicy_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
     ret = s.get("episode_return_mean")
     ret_text = f"{ret:.1f}" if ret is not None else "n/a"
     rate = s["env_steps"] / max(s["wall_s"], 1e-9)
@@ -28,7 +28,7 @@ def summary_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
             f"(curves: tensorboard --logdir {run_dir}/tb).")
 
 
-def onpolicy_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
+def llm_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
     return (f"Done: {cfg.algo.name} on the '{cfg.env.task}' task ({cfg.topology.name}) ran {s['updates']:,} updates "
             f"({s['samples']:,} samples) in {s['wall_s']:.0f} s; mean reward of the last 10 updates "
             f"{s['reward_mean']:.3f}{_target(s, 'target_reward')}.{_step_against_stages(s.get('median') or {})} "

@@ -18,10 +18,11 @@ from helpers import rlfarm
 from rlfarm import cli
 from rlfarm.cluster import cluster_address, ray_session
 from rlfarm.errors import ConfigError
+from rlfarm.families import OFFPOLICY
 from rlfarm.topology import plan_topology
 
 LOCAL_PLAN = plan_topology({"name": "tiny", "roles": {role: {"count": 1, "cpus": 0.1}
-                                                     for role in ("learner", "env_runner", "labeler")}})
+                                                     for role in ("learner", "env_runner", "labeler")}}, OFFPOLICY)
 
 
 def _gpu_count() -> int:
@@ -164,7 +165,7 @@ CASES = [
     pytest.param(["train", "-m", "seed=1,2", "hydra.sweep.dir=/proc/forbidden"],
                  "cannot create hydra.sweep.dir=/proc/forbidden", id="sweep-dir-unwritable"),
     pytest.param(["train", "resume=/not/a/run_dir"], "/not/a/run_dir", id="resume-not-a-run-dir"),
-    # PPO on gymnasium envs (the onpolicy_env family): choices it cannot take, and its own keys
+    # PPO on gymnasium envs (the ppo family): choices it cannot take, and its own keys
     pytest.param(["train", "algo=ppo", "reward=model"], "algo=ppo learns from the env's own reward",
                  id="ppo-with-a-reward-model"),
     pytest.param(["train", "algo=ppo", "model=mlp"], "algo=ppo needs one actor-critic network in model.actor",
@@ -199,7 +200,7 @@ CASES = [
                  "unknown Atari game 'Pongg' (closest: Pong", id="atari-unknown-game"),
     pytest.param(["train", "algo=appo", "env.id=rlfarm.nope:Thing-v0"], "env.id=rlfarm.nope:Thing-v0: cannot import",
                  id="env-id-module-missing"),
-    # GRPO on text (the onpolicy family)
+    # GRPO on text (the llm family)
     pytest.param(["train", "experiment=grpo_digits", "reward.verifier=exactmatch"], "unknown reward.verifier 'exactmatch'",
                  id="grpo-unknown-verifier"),
     pytest.param(["train", "experiment=grpo_digits", "algo.weight_sync=nccl"],

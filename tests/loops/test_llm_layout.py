@@ -48,10 +48,11 @@ def test_the_scale_out_topologies_give_each_engine_and_each_rank_a_gpu_of_its_ow
     """Placed dry (no Ray): one learner rank per GPU, one engine per GPU; split engines on GPUs no rank holds,
     colocated ones each on a rank's GPU; the scorers (rule verifiers) on CPU."""
     from rlfarm.config import compose
+    from rlfarm.families import LLM
     from rlfarm.loops.llm_layout import time_shared_in_plan
     from rlfarm.topology import plan_topology
 
-    plan = plan_topology(compose("train", ["experiment=grpo_digits", f"topology={name}"]).topology, "onpolicy")
+    plan = plan_topology(compose("train", ["experiment=grpo_digits", f"topology={name}"]).topology, LLM)
     ranks = [(p.pool, p.bundle) for p in plan.of("learner")]
     gens = [(p.pool, p.bundle) for p in plan.of("engine")]
     assert len(set(ranks)) == len(ranks) == learners and len(set(gens)) == len(gens) == engines

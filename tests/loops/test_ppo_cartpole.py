@@ -13,6 +13,7 @@ import torch
 from rlfarm.cluster import ray_session
 from rlfarm.config import compose
 from rlfarm.evaluation import build_actor, load_trained_run, play_episode
+from rlfarm.families import PPO, family_of
 from rlfarm.loops.ppo import PPOLoop
 from rlfarm.run import Run
 from rlfarm.topology import PlacedTopology, plan_topology
@@ -65,10 +66,10 @@ def test_ppo_runs_on_pendulum_end_to_end_and_its_checkpoint_plays(tmp_path):
 
 
 def test_ppo_places_a_learner_and_env_runners_but_no_labeler():
-    """The on-policy env family takes the env's own reward: a topology's labelers are not started for it."""
+    """The ppo family takes the env's own reward: a topology's labelers are not started for it."""
     cfg = compose("train", ["algo=ppo", "env=cartpole", "topology=local"])
-    assert cfg.algo.family == "onpolicy_env" and cfg.model.actor._target_.endswith("ActorCritic")
-    plan = plan_topology(cfg.topology, cfg.algo.family)
+    assert family_of(cfg) is PPO and cfg.model.actor._target_.endswith("ActorCritic")
+    plan = plan_topology(cfg.topology, PPO)
     assert sorted(p.role for p in plan.placements) == ["env_runner", "learner"]
     assert compose("train", ["algo=ppo"]).topology.name == "local_ppo"  # its own default: one learner thread
 
@@ -104,7 +105,7 @@ def test_ppo_resume_keeps_the_periodic_checkpoint_schedule(tmp_path):
     overrides = ["algo=ppo", "env=pendulum", "env.num_envs=2", "algo.epochs=1", "run.live=false", "logger=none",
                  "run.checkpoint_every_updates=4", "run.checkpoint_every_min=0"]
     cfg = compose("train", [*overrides, "total_env_steps=512"])  # 8 cycles of 2 × 32 steps
-    plan = plan_topology(cfg.topology, cfg.algo.family)
+    plan = plan_topology(cfg.topology, PPO)
     with ray_session(cfg.ray, plan):
         placed = PlacedTopology(plan, float(cfg.ray.ready_timeout_s))
         run = Run(cfg, tmp_path)

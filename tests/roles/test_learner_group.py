@@ -8,6 +8,7 @@ import torch
 from rlfarm.algos.grpo_lm import GRPOConfig
 from rlfarm.config import compose
 from rlfarm.data_parallel import shard_rows
+from rlfarm.families import LLM
 from rlfarm.loops.llm import learner_rank_options
 from rlfarm.roles.learner_group import start_learner_group
 from rlfarm.roles.llm import EngineRole, LMLearner, TextLabeler
@@ -17,7 +18,7 @@ CFG = GRPOConfig(prompts_per_step=3, group_size=3, filter_groups=False, minibatc
 
 
 def plan(name):
-    return plan_topology(compose("train", ["experiment=grpo_digits", f"topology={name}"]).topology, "onpolicy")
+    return plan_topology(compose("train", ["experiment=grpo_digits", f"topology={name}"]).topology, LLM)
 
 
 def parameters(model):

@@ -144,13 +144,14 @@ def test_two_node_topology_plans():
     from hydra.core.global_hydra import GlobalHydra
 
     from rlfarm.config import CONF_DIR
+    from rlfarm.families import family_of
     from rlfarm.topology import plan_topology
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["topology=two_node"])
     GlobalHydra.instance().clear()
-    plan = plan_topology(cfg.topology)
+    plan = plan_topology(cfg.topology, family_of(cfg))
     assert plan.pool_gpus == {"train": 8, "reward": 8} and plan.total_gpus == 16
     # every GPU of both pools is used: learner + 14 env runners on node A, 16 labelers on node B
     for pool in ("train", "reward"):

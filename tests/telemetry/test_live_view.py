@@ -19,7 +19,8 @@ from helpers import ENV, metrics_rows
 
 from rich.console import Console
 
-from rlfarm.telemetry.live import COLUMNS, ONPOLICY_COLUMNS, PPO_COLUMNS, RATES_NOTE, LiveView
+from rlfarm.families import FAMILIES, OFFPOLICY
+from rlfarm.telemetry.live import RATES_NOTE, LiveView
 from rlfarm.telemetry.rates import SmoothedRate
 
 COLS, ROWS = 160, 40
@@ -195,7 +196,7 @@ def test_rows_slower_than_the_window_get_the_rate_between_the_last_two():
 
 
 def test_the_plain_log_line_shows_the_smoothed_rate_and_eta(caplog):
-    view = LiveView("t", mode=False, log_every_s=0.0, total_env_steps=10_000)
+    view = LiveView("t", mode=False, log_every_s=0.0, columns=OFFPOLICY.columns, total_env_steps=10_000)
     caplog.set_level(logging.INFO, logger="rlfarm")
     with view:
         for t, count in chunked_counts(rate=48.0, chunk=32, interval_s=1.0, ticks=8):
@@ -211,21 +212,22 @@ def test_terminal_handlers_are_swapped_only_while_the_table_is_live(monkeypatch)
     handler = logging.StreamHandler(sys.stdout)
     logger.addHandler(handler)
     try:
-        with LiveView("t", mode=True):  # pytest's stdout is no terminal: the live region is not drawn
+        # pytest's stdout is no terminal: the live region is not drawn
+        with LiveView("t", mode=True, columns=OFFPOLICY.columns):
             assert logger.handlers == [handler]
         monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich: treat stdout as a terminal
-        with LiveView("t", mode=True):
+        with LiveView("t", mode=True, columns=OFFPOLICY.columns):
             assert handler not in logger.handlers and type(logger.handlers[0]).__name__ == "RichHandler"
         assert logger.handlers == [handler]
     finally:
         logger.removeHandler(handler)
 
 
-@pytest.mark.parametrize("family, columns",
-                         [("offpolicy", COLUMNS), ("ppo", PPO_COLUMNS), ("onpolicy", ONPOLICY_COLUMNS)])
-def test_every_familys_table_fits_a_160_column_terminal(family, columns):
-    """SAC's loop, gymnasium PPO's, and the LLM/VLA loops' (onpolicy): every title whole on the one header line."""
-    view = LiveView("rlfarm · title", mode=False, columns=family)
+@pytest.mark.parametrize("family", FAMILIES.values(), ids=FAMILIES)
+def test_every_familys_table_fits_a_160_column_terminal(family):
+    """Every family's columns (rlfarm/families.py): every title whole on the one header line."""
+    view = LiveView("rlfarm · title", mode=False, columns=family.columns)
+    columns = family.columns.shown
     console = Console(width=COLS, record=True, force_terminal=True)
     console.print(view.table(view.shown({key: 12345.678 for key, _, _ in columns} | {"wall_s": 1.0})))
     lines = console.export_text().splitlines()

@@ -1,0 +1,85 @@
+"""`rlfarm train resume=<run_dir>`: continue a run in its own directory, as it was configured.
+
+Before Hydra starts, `redirect_resume` puts the run's own overrides (Hydra's record of them, .hydra/overrides.yaml:
+its algo, experiment and values) ahead of the ones typed now, so that the preflight and Hydra compose the resumed
+run's config and check what is typed now against it: `resume=<a grpo run> algo.max_updates=80` names a key of
+GRPO's, not of the default algorithm's. In the run, `resolve_resume` takes the saved config.yaml and lets only the
+keys that bound or place the run (RESUME_OVERRIDABLE) change.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from rlfarm.errors import ConfigError
+from rlfarm.run import resume_checkpoint, saved_config
+
+log = logging.getLogger("rlfarm")
+
+# Keys that only bound or place a run: on resume, the command line may change them (a longer budget, another
+# cluster); everything else comes from the saved config.
+RESUME_OVERRIDABLE = ("total_env_steps", "algo.max_updates", "run", "ray")
+
+
+def override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def redirect_resume(args: list[str]) -> list[str]:
+    """resume=<run_dir> continues *in* that directory, as configured there: the run's own overrides first (those
+    typed now win), and the directory as Hydra's run dir."""
+    resume = next((a.split("=", 1)[1] for a in args if a.startswith("resume=")), None)
+    if resume in (None, "auto", "null"):
+        return args
+    args = [*run_overrides(resume, args), *args]
+    if any(a.startswith("hydra.run.dir=") for a in args):
+        return args
+    return [*args, f"hydra.run.dir={resume}"]
+
+
+def run_overrides(run_dir: str, typed: list[str]) -> list[str]:
+    """The overrides the run in `run_dir` was started with, less those whose key is typed now (resume= among
+    them); none where Hydra kept no record (not a run directory: the preflight says so)."""
+    record = Path(run_dir).expanduser() / ".hydra" / "overrides.yaml"
+    if not record.is_file():
+        return []
+    typed_keys = {override_key(arg) for arg in typed if not arg.startswith("-")}
+    return [str(override) for override in OmegaConf.load(record) if override_key(str(override)) not in typed_keys]
+
+
+def resolve_resume(cfg: DictConfig, run_dir: str) -> tuple[DictConfig, str | None]:
+    """(config to run, checkpoint to resume from or None). A resumed run keeps its saved config, except for
+    the keys that only bound or place the run (RESUME_OVERRIDABLE)."""
+    if cfg.resume is None:
+        return cfg, None
+    checkpoint = resume_checkpoint(run_dir)  # the newest intact one; a damaged newer one is named
+    if checkpoint is None:
+        if cfg.resume == "auto":
+            return cfg, None  # nothing to resume yet: a fresh start (first attempt of a requeued job)
+        raise ConfigError(f"resume={cfg.resume}: the run directory has no checkpoint", "start a new run instead")
+    saved = saved_config(run_dir)
+    saved.resume = cfg.resume
+    # run.* keys added since the run was saved take today's defaults (saved values still win).
+    saved.run = OmegaConf.merge(cfg.run, saved.get("run", {}))
+    # Keys given on this command line that only bound or place the run win over the saved ones; any other would
+    # change what the checkpoint was trained as (the algorithm, the learner's ranks): it is ignored, and said so.
+    # The run's own overrides (redirect_resume) compose what was saved: they differ in nothing.
+    ignored = []
+    for override in HydraConfig.get().overrides.task:
+        key = override_key(override)
+        if any(key == name or key.startswith(name + ".") for name in RESUME_OVERRIDABLE):
+            OmegaConf.update(saved, key, OmegaConf.select(cfg, key), force_add=True)
+        elif key != "resume" and _plain(OmegaConf.select(saved, key)) != _plain(OmegaConf.select(cfg, key)):
+            ignored.append(override)
+    if ignored:
+        log.warning("resume keeps the run's saved config: ignored %s (on resume only %s can change; "
+                    "start a new run to change the rest)", " ".join(ignored), ", ".join(RESUME_OVERRIDABLE))
+    return saved, str(checkpoint)
+
+
+def _plain(value):
+    """A config node as plain values, resolved (a saved config.yaml was written resolved)."""
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value

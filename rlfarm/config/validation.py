@@ -1,0 +1,144 @@
+"""What Hydra cannot check while it composes, before a run starts: required keys, the schemas' ranges, the paths
+a config names (rlfarm.config.paths), the rules across config groups of its algorithm family (the family record's
+`rules`, rlfarm/config/family_rules.py), a fitted reward file, an env id, and every `_target_` (imported now,
+as instantiate would, so a typo fails here and not in a Ray actor)."""
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import os
+from dataclasses import is_dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlfarm.config.paths import CONF_DIR, check_paths, group_options
+from rlfarm.errors import ConfigError
+from rlfarm.families import family_of
+from rlfarm.settings import RangeError
+
+
+def check_schema_ranges(cfg: DictConfig, path: str = "") -> None:
+    """Build every schema node into its dataclass, innermost first: their __post_init__ checks the ranges."""
+    for key in cfg:
+        child = cfg.get(key)
+        if isinstance(child, DictConfig):
+            check_schema_ranges(child, f"{path}{key}.")
+    if not is_dataclass(OmegaConf.get_type(cfg)):
+        return
+    try:
+        OmegaConf.to_object(cfg)
+    except RangeError as error:
+        key, choices = f"{path}{error.key}", error.allowed.removeprefix("one of ")
+        raise ConfigError(f"{path}{error}", f"set {key}={choices}" if choices != error.allowed
+                          else f"set {key} to a value {error.allowed}") from None
+
+
+def validate(cfg: DictConfig) -> None:
+    """What the schemas cannot say: the rules across config groups (its family's) and the paths a config names.
+    Raises ConfigError (one line) on the first problem; imports the `_target_` modules last (they pull torch)."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"{missing[0]} is required but not set", f"pass {missing[0]}=<value> on the command line")
+    check_schema_ranges(cfg)
+    check_paths(cfg)
+    family_of(cfg).check_config(cfg)
+    check_targets(cfg)
+    check_fitted_reward(cfg)
+
+
+MODULE_REWARD = "rlfarm.rewards.model.ModuleReward"
+
+
+def check_fitted_reward(cfg: DictConfig) -> None:
+    """reward=model reward.model=<file>: the file is one rlfarm fit-reward wrote (read now, not in a labeler)."""
+    model = OmegaConf.select(cfg, "reward.model", default=None)
+    if OmegaConf.select(cfg, "reward._target_", default=None) != MODULE_REWARD or model is None:
+        return
+    from rlfarm.rewards.base import RewardModelError
+    from rlfarm.rewards.fitted import read_fitted
+
+    try:
+        read_fitted(os.path.expanduser(str(model)))
+    except RewardModelError as error:
+        problem, _, fix = str(error).rpartition("; ")
+        raise ConfigError(f"reward.model: {problem}", fix) from None
+
+
+def check_env_id(env_id: str, kwargs: DictConfig | None = None) -> None:
+    """A registered gymnasium id, or "module:Id" whose module registers it (imported here, as gymnasium would)."""
+    import gymnasium as gym
+
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ConfigError(f"env.id={env_id}: cannot import {module} ({error})",
+                              "fix the module part of env.id (module:Id)") from None
+    if name in gym.registry:
+        if name == "RlfarmAtari-v0":
+            from rlfarm.envs.atari import check_game
+
+            check_game(str((kwargs or {}).get("game", "Pong")))
+        return
+    close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise ConfigError(f"unknown env id '{env_id}'",
+                      f"{hint}use env=pendulum|halfcheetah or env.id=<a registered gymnasium id>")
+
+
+# ---- _target_ nodes: imported as instantiate would (the run imports them next anyway)
+
+
+def check_targets(cfg: DictConfig) -> None:
+    """Every `_target_` in the config must name something importable; a typo fails here, not in a Ray actor."""
+    for path, target in _targets(OmegaConf.to_container(cfg, resolve=False), ""):
+        if not isinstance(target, str) or "${" in target:
+            continue
+        problem = locate_problem(target)
+        if problem:
+            group = path.split(".")[0] if path else ""
+            pick = (f" or pick {group}={'|'.join(group_options(group))}"
+                    if path == group and (CONF_DIR / group).is_dir() else "")
+            raise ConfigError(f"{path + '.' if path else ''}_target_='{target}' {problem}",
+                              f"set {path + '.' if path else ''}_target_=<module.Class>{pick}")
+
+
+def _targets(node, path: str):
+    if isinstance(node, dict):
+        if "_target_" in node:
+            yield path, node["_target_"]
+        for key, value in node.items():
+            yield from _targets(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _targets(value, f"{path}[{i}]")
+
+
+@functools.lru_cache(maxsize=None)
+def locate_problem(target: str) -> str | None:
+    """Why `target` (a dotted module.attr path) cannot be located, or None when it can: the longest importable
+    module prefix, then attributes, as hydra.utils.get_object does, with a close name when one is missing."""
+    parts = target.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return "is not a dotted Python path like package.module.Class"
+    for depth in range(len(parts), 0, -1):
+        module_name = ".".join(parts[:depth])
+        try:
+            found = importlib.import_module(module_name)
+            break
+        except ModuleNotFoundError as error:
+            if error.name is None or not (module_name + ".").startswith(error.name + "."):
+                return f"cannot be imported: {error}"  # the module exists; something it imports does not
+        except Exception as error:
+            return f"cannot be imported: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    else:
+        return f"cannot be imported: no module named '{parts[0]}'"
+    for attr in parts[depth:]:
+        if not hasattr(found, attr):
+            close = difflib.get_close_matches(attr, sorted(n for n in dir(found) if not n.startswith("_")), n=1)
+            hint = f" (did you mean {module_name}.{close[0]}?)" if close else ""
+            return f"cannot be imported: module '{module_name}' has no '{attr}'{hint}"
+        found, module_name = getattr(found, attr), f"{module_name}.{attr}"
+    return None
