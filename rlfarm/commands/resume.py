@@ -31,13 +31,14 @@ def override_key(override: str) -> str:
 def redirect_resume(args: list[str]) -> list[str]:
     """resume=<run_dir> continues *in* that directory, as configured there: the run's own overrides first (those
     typed now win), and the directory as Hydra's run dir."""
-    resume = next((a.split("=", 1)[1] for a in args if a.startswith("resume=")), None)
+    at = next((i for i, arg in enumerate(args) if arg.startswith("resume=")), None)
+    resume = None if at is None else args[at].split("=", 1)[1]
     if resume in (None, "auto", "null"):
         return args
-    args = [*run_overrides(resume, args), *args]
-    if any(a.startswith("hydra.run.dir=") for a in args):
-        return args
-    return [*args, f"hydra.run.dir={resume}"]
+    added = run_overrides(resume, args)
+    if not any(arg.startswith("hydra.run.dir=") for arg in args):
+        added.append(f"hydra.run.dir={resume}")
+    return [*args[:at], *added, *args[at:]]  # beside resume=: Hydra reads the overrides as one run of arguments
 
 
 def run_overrides(run_dir: str, typed: list[str]) -> list[str]:
