@@ -12,7 +12,6 @@ from rlfarm.config.paths import looks_local
 from rlfarm.config.validation import check_env_id
 from rlfarm.errors import ConfigError
 
-
 ENV_REWARD = "rlfarm.rewards.env.EnvReward"
 
 

@@ -15,7 +15,6 @@ from rlfarm.config.validation import locate_problem
 from rlfarm.errors import ConfigError
 from rlfarm.schemas import FREE_FORM_KEYS
 
-
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 
 
