@@ -26,8 +26,8 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 
 class Run:
-    """`family`: the config's family record (rlfarm/families.py): its step key orders the metrics rows, and its
-    loop shows its columns in the live view."""
+    """`family`: the config's family record (rlfarm/families.py): its step key orders the metrics rows; the loop's
+    live view shows its columns."""
 
     def __init__(self, cfg: DictConfig, directory: str | Path):
         self.dir = Path(directory)
