@@ -29,6 +29,11 @@ def incarnation_key(epoch: int, incarnation: int) -> int:
     return first_seq(epoch, incarnation) // SEQS_PER_INCARNATION
 
 
+def even_shares(env_steps: int, runners: int) -> list[int]:
+    """Each runner's share of `env_steps`: equal, the first ones one more where it does not divide."""
+    return [env_steps // runners + (i < env_steps % runners) for i in range(runners)]
+
+
 class Ledger:
     def __init__(self, supervisor: Supervisor):
         self.supervisor = supervisor

@@ -16,14 +16,13 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
-import numpy as np
 import ray
 from omegaconf import DictConfig
 
 from rlfarm.loops.checkpoints import PeriodicCheckpoints
 from rlfarm.loops.deadlines import SLICE_S, Interrupted, RoleFailed, RoleUnresponsive
 from rlfarm.loops.learner_watch import LearnerWatch
-from rlfarm.loops.ledger import MAX_INCARNATIONS, Ledger
+from rlfarm.loops.ledger import MAX_INCARNATIONS, Ledger, even_shares
 from rlfarm.loops.offpolicy_metrics import OffPolicyMetrics, accounted
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.ray_calls import RAY, RayCalls
@@ -145,8 +144,7 @@ class OffPolicyLoop(PeriodicCheckpoints):
     def _start_roles(self, env_steps: int) -> None:
         """Every role's run(): the runners share `env_steps` out evenly; then every role's pid, for roles.json."""
         sup, ledger = self.supervisor, self.ledger
-        ledger.start_epoch(self.progress["epoch"],
-                           [len(s) for s in np.array_split(np.arange(env_steps), len(self.roles.runners))])
+        ledger.start_epoch(self.progress["epoch"], even_shares(env_steps, len(self.roles.runners)))
         sup.learner.done = self.roles.learner.run.remote()
         for worker in sup.of("labeler"):
             worker.done = worker.actor.run.remote()
