@@ -107,12 +107,13 @@ class Learner:
 
 class Farm:
     """Each tick (the driver waits for the runners) every runner with budget left takes CHUNK env steps, which are
-    labeled (runner i's by labeler i mod L) and stored at once, one update per chunk; a chunk sent to a labeler not
-    wired yet (restarted) waits at its runner until `redispatch`. `events[tick]` runs first. The learner is not
-    restarted when it dies (no max_restarts), the others are."""
+    labeled (runner i's by labeler i mod L) and stored `label_ticks` ticks later (None: never), one update per
+    chunk; a chunk sent to a labeler not wired yet (restarted) waits at its runner until `redispatch`.
+    `events[tick]` runs first. The learner is not restarted when it dies (no max_restarts), the others are."""
 
-    def __init__(self, runners=2, labelers=1, episode_return=0.0):
+    def __init__(self, runners=2, labelers=1, episode_return=0.0, label_ticks=0):
         self.episode_return, self.ticks, self.events = episode_return, 0, {}
+        self.label_ticks, self.labeling = label_ticks, []  # (due tick, runner, key, steps)
         self.learner = FakeActor(lambda pid: Learner(pid, self), restart=False)
         self.runners = [FakeActor(lambda pid, i=i: Runner(pid, self, i)) for i in range(runners)]
         self.labelers = [FakeActor(lambda pid, i=i: Labeler(pid, self, i)) for i in range(labelers)]
@@ -124,6 +125,10 @@ class Farm:
     def tick(self):
         self.ticks += 1
         self.events.pop(self.ticks, lambda: None)()
+        due = [chunk for chunk in self.labeling if chunk[0] <= self.ticks]
+        self.labeling = [chunk for chunk in self.labeling if chunk[0] > self.ticks]
+        for _, *chunk in due:
+            self.store(*chunk)
         for runner in self.runners:
             if not runner.hung:
                 runner.role.tick()
@@ -136,6 +141,14 @@ class Farm:
         return len(held)
 
     def deliver(self, runner, key, steps):
+        if self.label_ticks is None:
+            return  # lost on the way: never labeled
+        if self.label_ticks:
+            self.labeling.append((self.ticks + self.label_ticks, runner, key, steps))
+        else:
+            self.store(runner, key, steps)
+
+    def store(self, runner, key, steps):
         labeler = self.labelers[runner % len(self.labelers)]
         if not labeler.role.wired:
             self.unacked.append((runner, key, steps))
@@ -189,6 +202,29 @@ def test_a_run_shares_the_env_steps_and_accounts_for_every_transition(tmp_path):
     assert {(r["role"], r["pid"]) for r in roles} == {
         (kind, actor.pid) for kind, actors in (("learner", [farm.learner]), ("env_runner", farm.runners),
                                                ("labeler", farm.labelers)) for actor in actors}
+
+
+def test_the_tail_still_at_the_labelers_is_stored_before_the_learner_stops(tmp_path):
+    farm = Farm(runners=2, label_ticks=3)
+    summary = farm.loop(tmp_path, total_env_steps=100).train()
+    assert summary["transitions_stored"] == summary["transitions_labeled"] == 100
+    assert summary["transitions_unlabeled"] == 0
+
+
+def test_a_tail_that_never_arrives_is_given_up_on_and_counted(tmp_path, caplog):
+    farm = Farm(runners=2, label_ticks=None)
+    with caplog.at_level(logging.WARNING, logger="rlfarm"):
+        summary = farm.loop(tmp_path, total_env_steps=100, role_timeout_s=0.1).train()
+    assert summary["transitions_produced"] == summary["transitions_unlabeled"] == 100
+    assert any("100 of 100 transitions produced were not labeled" in r.message for r in caplog.records)
+
+
+def test_run_max_wall_s_stops_the_runners_and_ends_the_run(tmp_path):
+    farm = Farm(runners=2)
+    summary = farm.loop(tmp_path, total_env_steps=10**9, max_wall_s=0.3).train()
+    assert all(runner.called("stop") for runner in farm.runners)
+    assert 0 < summary["env_steps"] == summary["transitions_stored"] < 10**9
+    assert summary["wall_s"] < 15  # within the wind-down
 
 
 def test_a_resumed_run_takes_only_the_steps_left_in_a_new_seq_epoch(tmp_path):
@@ -286,3 +322,13 @@ def test_a_stalled_learner_is_named_once_and_waited_for(tmp_path, caplog):
     assert any("making progress again" in r.message for r in caplog.records)
     loop.supervisor.learner.stats = {"updates": 4, "stored": 30, "owed": 0}
     assert watch.work(loop.supervisor.learner.stats) is None  # nothing waits for it: idle, not stalled
+
+
+def test_chunks_not_acked_wait_for_the_learner_only_while_no_labeler_holds_any(tmp_path):
+    farm = Farm(runners=2)
+    loop = farm.loop(tmp_path)
+    runners, (labeler,) = loop.supervisor.of("env_runner"), loop.supervisor.of("labeler")
+    runners[0].stats, runners[1].stats, labeler.stats = {"in_flight": 3}, {"in_flight": 1}, {"queued": 0}
+    assert loop.learner_watch.work({"updates": 1, "stored": 10}) == "4 chunks not acked"
+    labeler.stats = {"queued": 2}  # they are at the labeler: nothing waits for the learner
+    assert loop.learner_watch.work({"updates": 1, "stored": 10}) is None
