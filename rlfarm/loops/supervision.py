@@ -1,19 +1,15 @@
-"""Watch the restartable workers (env runners, labelers) of an off-policy run: notice when one dies, hand it
-back to the loop for re-wiring, and keep the bookkeeping that makes counters survive a restart.
+"""Watch a run's roles: notice when a restartable worker (an env runner, a labeler, a VLA rollout worker or
+inference server) dies or hangs, hand it to Ray for a restart and back to the loop for re-wiring, and keep
+`roles.json` (which process runs which role now). Every family with restartable workers uses it. The learner is
+watched but not restarted: its state is the run's state, and a checkpoint + `resume` is how it comes back. What
+an off-policy run's dead runner incarnations did is counted by rlfarm/loops/ledger.py.
 
-Ray restarts a dead actor by running its constructor again (`max_restarts`), so it comes back with empty
-state: no peers, no counters, no chunks. What its dead incarnations did comes from two sources: the learner
-counts settled transitions per (runner, incarnation key) and delivered ones per (labeler, incarnation), and a
-runner's last stats report says how many env steps it took. `Supervisor` adds those to the live incarnations'
-own counts (`dead_env_steps`, `settled_by_dead`, `delivered_by_dead`) and gives a restarted runner what is left
-of its share of the env steps (`successor_budget`, `tighten_budgets`). The learner is not restarted: its state
-is the run's state, and a checkpoint + `resume` is how it comes back.
-
-No wait on a role is open-ended (rlfarm/loops/deadlines.py). `poll` keeps one stats request per role in flight and never waits past its `wait_s`; `unresponsive` names the
-roles whose request is older than the deadline, the labelers stuck in one reward-model call for longer (a
-labeler reports `in_call_s` from another thread of its threaded actor) and the VLA rollout workers whose rollout
-has not moved for longer (`stalled_s`, from their watch thread). `kill` hands such a worker to Ray
-for a restart (the recovery path then re-wires it as after any death), or ends the run when restarts are used up."""
+No wait on a role is open-ended (rlfarm/loops/deadlines.py). `poll` keeps one stats request per role in flight and
+never waits past its `wait_s`; `unresponsive` names the roles whose request is older than the deadline, the
+labelers stuck in one reward-model call for longer (a labeler reports `in_call_s` from another thread of its
+threaded actor) and the VLA rollout workers whose rollout has not moved for longer (`stalled_s`, from their watch
+thread). `kill` hands such a worker to Ray for a restart (the recovery path then re-wires it as after any death),
+or ends the run when restarts are used up. Ray is reached through `calls` (rlfarm/loops/ray_calls.py)."""
 from __future__ import annotations
 
 import json
@@ -25,13 +21,10 @@ from typing import Callable
 
 import ray
 
-from rlfarm.loops.deadlines import NO_PROGRESS, SLICE_S, WorkerLost, died
+from rlfarm.loops.deadlines import NO_PROGRESS, SLICE_S, Interrupted, WorkerLost
+from rlfarm.loops.ray_calls import RAY, RayCalls
 
 log = logging.getLogger("rlfarm")
-
-SEQS_PER_EPOCH = 10**9        # chunk seqs of the k-th resume of a run begin at k·10⁹ ...
-SEQS_PER_INCARNATION = 10**7  # ... and those of a runner's i-th restart within it at i·10⁷: ids never collide
-MAX_INCARNATIONS = SEQS_PER_EPOCH // SEQS_PER_INCARNATION
 
 
 @dataclass
@@ -52,18 +45,11 @@ class Worker:
         return f"{self.kind} {self.index}"
 
 
-def first_seq(epoch: int, incarnation: int) -> int:
-    return epoch * SEQS_PER_EPOCH + incarnation * SEQS_PER_INCARNATION
-
-
-def incarnation_key(epoch: int, incarnation: int) -> int:
-    """What the learner files a runner's chunks under: seq // SEQS_PER_INCARNATION."""
-    return first_seq(epoch, incarnation) // SEQS_PER_INCARNATION
-
-
 class Supervisor:
     def __init__(self, learner, runners: list, labelers: list, max_restarts: int, roles_file: Path | None = None,
-                 engines: list = ()):
+                 engines: list = (), max_incarnations: int | None = None, calls: RayCalls = RAY):
+        """`max_incarnations`: a worker is not restarted into more (an off-policy runner's chunk ids have room for
+        that many, rlfarm/loops/ledger.py); None: only `max_restarts` bounds it."""
         # the learner is watched (stats, deadline) but never restarted: it is not among `workers`
         self.learner = Worker("learner", 0, learner)
         self.workers = [Worker("env_runner", i, a) for i, a in enumerate(runners)] + \
@@ -71,20 +57,9 @@ class Supervisor:
                        [Worker("engine", i, a) for i, a in enumerate(engines)]
         self.max_restarts = max_restarts
         self.roles_file = roles_file
+        self.max_incarnations = max_incarnations
+        self.calls = calls
         self.recoveries: list[dict] = []
-        self.epoch = 0                          # the run's resume count: part of every runner incarnation key
-        self.shares: list[int] = []             # env steps each runner index takes in this epoch
-        # (runner index, incarnation key) of each dead runner incarnation → the env steps it last reported.
-        self._reported_by_dead: dict[tuple[int, int], int] = {}
-        self._budgets: dict[int, int] = {}      # runner index → the env-step budget its live incarnation got
-
-    def start_epoch(self, epoch: int, shares: list[int]) -> None:
-        """The run (or its `epoch`-th resume) starts: runner i takes shares[i] env steps."""
-        self.epoch, self.shares = epoch, shares
-
-    def runner_key(self, worker: Worker, incarnation: int | None = None) -> int:
-        """The key the learner files this runner incarnation's chunks under (default: the live one)."""
-        return incarnation_key(self.epoch, worker.incarnation if incarnation is None else incarnation)
 
     def of(self, kind: str) -> list[Worker]:
         return [w for w in self.workers if w.kind == kind]
@@ -92,7 +67,7 @@ class Supervisor:
     def dead(self) -> list[Worker]:
         """Workers whose `run()` ended with the actor's death."""
         ready = self._ended()
-        return [w for w in self.workers if w.done in ready and died(w.done) is not None]
+        return [w for w in self.workers if w.done in ready and self.calls.died(w.done) is not None]
 
     def poll(self, wait_s: float) -> list[Worker]:
         """Refresh the stats of every role (learner first); returns the roles whose stats are fresh. Each role has
@@ -104,13 +79,13 @@ class Supervisor:
             if role.asked is None:
                 role.asked = (role.actor.stats.remote(), now)
         refs = {role.asked[0]: role for role in roles}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s)
+        ready, _ = self.calls.wait(list(refs), num_returns=len(refs), timeout=wait_s)
         fresh = []
         for ref in ready:
             role = refs[ref]
             role.asked = None
             try:
-                stats = ray.get(ref)
+                stats = self.calls.get(ref)
             except ray.exceptions.RayError:
                 continue
             if role.pid is None or stats["pid"] == role.pid:
@@ -127,7 +102,7 @@ class Supervisor:
         roles = [role for role in [self.learner, *self.workers] if not role.killed and role.done not in ended]
         # an old request may have been answered since the last poll (the loop was busy elsewhere): not late
         old = [role.asked[0] for role in roles if role.asked is not None and now - role.asked[1] > deadline_s]
-        _, late = ray.wait(old, num_returns=len(old), timeout=0) if old else ([], [])
+        _, late = self.calls.wait(old, num_returns=len(old), timeout=0) if old else ([], [])
         found, late = [], set(late)
         for role in roles:
             if role.asked is not None and role.asked[0] in late:
@@ -154,7 +129,7 @@ class Supervisor:
                              "(raise it, or resume the run: rlfarm train resume=<run_dir>)")
         log.warning("%s (pid %s) %s: killing it for Ray to restart", worker.name, worker.pid, problem)
         worker.killed = True
-        ray.kill(worker.actor, no_restart=False)
+        self.calls.kill(worker.actor, no_restart=False)
 
     def wait_until_back(self, worker: Worker, timeout_s: float, interrupted: Callable[[], bool] | None = None) -> int:
         """Block until Ray has restarted the worker (at most `timeout_s`; Interrupted when `interrupted()` turns
@@ -167,7 +142,7 @@ class Supervisor:
             if interrupted is not None and interrupted():
                 raise Interrupted(f"{worker.name} was not waited for")
             try:
-                stats = ray.get(worker.actor.stats.remote(), timeout=min(max(deadline - time.monotonic(), 0.1), 1.0))
+                stats = self.calls.get(worker.actor.stats.remote(), timeout=min(max(deadline - time.monotonic(), 0.1), 1.0))
             except ray.exceptions.ActorDiedError as error:
                 raise WorkerLost(f"{worker.name} died and was not restarted: {_first_line(error)}") from None
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
@@ -179,7 +154,8 @@ class Supervisor:
         raise WorkerLost(f"{worker.name} died and did not come back within {timeout_s:g} s")
 
     def _may_restart(self, worker: Worker) -> bool:
-        return worker.restarts < self.max_restarts and worker.incarnation + 1 < MAX_INCARNATIONS
+        return worker.restarts < self.max_restarts and (self.max_incarnations is None
+                                                        or worker.incarnation + 1 < self.max_incarnations)
 
     def running(self, roles: list[Worker]) -> list[Worker]:
         """Those of `roles` whose `run()` has not ended."""
@@ -189,7 +165,7 @@ class Supervisor:
     def _ended(self) -> set:
         """The `run()` refs that are ready: the worker returned, failed, or died."""
         refs = [w.done for w in [self.learner, *self.workers] if w.done is not None]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        ready, _ = self.calls.wait(refs, num_returns=len(refs), timeout=0)
         return set(ready)
 
     def restarted(self, worker: Worker, new_pid: int, started: float, detail: dict) -> None:
@@ -204,50 +180,6 @@ class Supervisor:
                     record["pid_before"], new_pid, record["recovery_s"],
                     "".join(f", {k.replace('_', ' ')} {v}" for k, v in detail.items()))
         self.write_roles_file()
-
-    # -- counts of dead incarnations ---------------------------------------------------------------------
-    def runner_lost(self, worker: Worker) -> None:
-        """A runner incarnation died: keep the env steps it last reported."""
-        self._reported_by_dead[(worker.index, self.runner_key(worker))] = int(worker.stats.get("env_steps", 0))
-
-    def successor_budget(self, index: int, learner: dict) -> int:
-        """Env steps the next incarnation of runner `index` may take: its share less what the dead ones took."""
-        self._budgets[index] = self._runner_budget(index, learner)
-        return self._budgets[index]
-
-    def tighten_budgets(self, learner: dict) -> None:
-        """A dead runner's last chunks can reach the learner after its successor started: lower the
-        successor's step budget by them, so the run never takes more than total_env_steps."""
-        for worker in self.of("env_runner"):
-            if worker.index in self._budgets:
-                budget = self._runner_budget(worker.index, learner)
-                if budget < self._budgets[worker.index]:
-                    self._budgets[worker.index] = budget
-                    worker.actor.set_budget.remote(budget)
-
-    def dead_env_steps(self, learner: dict) -> int:
-        """Env steps all dead runner incarnations took (this epoch)."""
-        return sum(self._dead_runner_steps(index, learner) for index in {i for i, _ in self._reported_by_dead})
-
-    def settled_by_dead(self, learner: dict) -> int:
-        """Transitions stored or quarantined that dead runner incarnations produced (this epoch)."""
-        live = {(w.index, self.runner_key(w)) for w in self.of("env_runner")}
-        return sum(n for key, n in learner["settled_by_runner"].items() if key not in live)
-
-    def delivered_by_dead(self, learner: dict) -> int:
-        """Transitions dead labeler incarnations delivered to the learner."""
-        live = {(w.index, w.incarnation) for w in self.of("labeler")}
-        return sum(n for key, n in learner["delivered_by_labeler"].items() if key not in live)
-
-    def _dead_runner_steps(self, index: int, learner: dict) -> int:
-        """Env steps the dead incarnations of runner `index` took: what they last reported, or more if more of
-        their chunks reached the learner since (the report is up to one metrics interval old)."""
-        settled = learner["settled_by_runner"]
-        return sum(max(reported, settled.get(key, 0)) for key, reported in self._reported_by_dead.items()
-                   if key[0] == index)
-
-    def _runner_budget(self, index: int, learner: dict) -> int:
-        return max(self.shares[index] - self._dead_runner_steps(index, learner), 0)
 
     def write_roles_file(self) -> None:
         """`roles.json` in the run dir: which process runs which worker now (for `kill`, py-spy, tests)."""
