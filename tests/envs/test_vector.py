@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from rlfarm.envs import UnknownEnvError, VectorEnv
-from rlfarm.envs.vector import EnvWorkerError
+from rlfarm.envs.workers import EnvWorkerError
 
 
 def pendulum_actions(steps: int, num_envs: int) -> list[np.ndarray]:
