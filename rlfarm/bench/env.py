@@ -17,7 +17,6 @@ forward), step (less rendering), render.
 from __future__ import annotations
 
 import itertools
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -27,7 +26,8 @@ import torch
 from omegaconf import DictConfig
 
 from rlfarm.bench.common import sizes
-from rlfarm.envs.vector import is_mujoco, make_env, render_frame
+from rlfarm.envs.registry import is_mujoco
+from rlfarm.envs.rendering import headless_rendering, limit_software_rendering, make_env, render_frame
 from rlfarm.roles.env_runner import EnvRunner
 
 UNIT = "env steps/s"
@@ -36,8 +36,8 @@ STAGES = ("act", "step", "render")
 
 def run(cfg: DictConfig, device: str) -> list[dict]:
     size = sizes(cfg, device)
-    # Read once per process by Mesa's software GL; the worker processes inherit it.
-    os.environ.setdefault("LP_NUM_THREADS", str(int(cfg.render_threads)))
+    headless_rendering()  # before `is_mujoco` imports MuJoCo
+    limit_software_rendering(int(cfg.render_threads))
     torch.set_num_threads(1)  # as a runner acts (threads: 1); the raw rows' resizes (classic control) alike
     rows = []
     for name in size.envs:

@@ -1,18 +1,17 @@
-"""What the farm benches (labeler, pipeline) share: a stand-in runner that can outrun any labeler, a sink that
-acks at once, the real SACLearner as the sink of labeled chunks, placement through the real topology code, and
-rates read from the roles' own counters over a steady window.
+"""What the farm benches (labeler, pipeline) share: the real SACLearner as the sink of labeled chunks, placement
+through the real topology code, and rates read from the roles' own counters over a steady window.
 
 The roles themselves (Labeler, SACLearner, EnvRunner) are used as they are, as Ray actors started the way
-rlfarm/loops/roles.py starts them; only what stands in for a stage that is *not* being measured lives here.
+rlfarm/loops/roles.py starts them; what stands in for a stage that is *not* being measured is in
+rlfarm/bench/stand_ins.py.
 """
 from __future__ import annotations
 
 import math
 import os
 import statistics
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -27,90 +26,6 @@ from rlfarm.topology import PlacedTopology, Placement, Plan, check_cluster, plan
 
 CONCURRENCY = 8  # threaded actors, as in rlfarm/loops/roles.py: the run loop takes one thread, peers' calls the rest
 NEVER = 10**15   # a step count no bench reaches: learning never starts, runners act randomly throughout
-
-
-class ChunkProducer:
-    """Plays an env runner towards the labelers and the learner (same chunk keys and meta, credits, acks) but
-    steps no env: its chunks are pre-made random arrays, put in the object store afresh for every send as a
-    runner's are. So it can outrun a labeler, and a farm bench measures the farm, not the envs.
-
-    fields: chunk key → (per-transition shape, numpy dtype name), e.g. {"frames": ([224, 224, 3], "uint8")}.
-    """
-
-    def __init__(self, index: int, fields: Mapping[str, tuple[list[int], str]], chunk_size: int, credits: int,
-                 seed: int = 0, distinct_chunks: int = 2):
-        rng = np.random.default_rng(seed + 7919 * index)
-        self.index, self.chunk_size = index, chunk_size
-        self.pool = [{key: _random_array(rng, (chunk_size, *shape), dtype) for key, (shape, dtype) in fields.items()}
-                     for _ in range(distinct_chunks)]
-        self.credits = threading.Semaphore(credits)
-        self.in_flight: dict[int, ray.ObjectRef] = {}  # held until acked, as a runner holds its chunks
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self.labelers: list = []
-        self.produced = self.chunks = 0
-
-    def set_labelers(self, labelers: list) -> None:
-        self.labelers = list(labelers)
-
-    def set_weights(self, published: tuple[list, int]) -> None:
-        """The learner publishes weights to its runners; nothing acts on them here."""
-
-    def ack(self, seqs: list[int], published=None) -> None:
-        """The learner's ack (it may carry weights, which a producer of ready-made chunks has no use for)."""
-        with self._lock:
-            for seq in seqs:
-                if self.in_flight.pop(seq, None) is not None:
-                    self.credits.release()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def run(self) -> dict:
-        seq = 0
-        while not self._stop.is_set():
-            if not self.credits.acquire(timeout=0.1):
-                continue
-            chunk = self.pool[seq % len(self.pool)]
-            meta = {"runner": self.index, "seq": seq, "incarnation": 0, "produced_at": time.time(),
-                    "policy_version": 0, "size": self.chunk_size}
-            ref = ray.put(chunk)
-            with self._lock:
-                self.in_flight[seq] = ref
-            self.labelers[seq % len(self.labelers)].submit.remote(meta, ref)
-            self.produced += self.chunk_size
-            self.chunks += 1
-            seq += 1
-        return self.stats()
-
-    def stats(self) -> dict:
-        return {"runner": self.index, "produced": self.produced, "chunks": self.chunks, "in_flight": len(self.in_flight)}
-
-
-def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    if dtype == "uint8":
-        return rng.integers(0, 256, size=shape, dtype=np.uint8)
-    if dtype == "bool":
-        return np.zeros(shape, dtype=bool)
-    return rng.standard_normal(shape).astype(dtype)
-
-
-class InstantAck:
-    """Stands where the labelers would and acks every chunk at once: the stage upstream, measured alone."""
-
-    def __init__(self):
-        self.runners: list = []
-        self.received = 0
-
-    def set_runners(self, runners: list) -> None:
-        self.runners = list(runners)
-
-    def submit(self, meta: dict, chunk: dict) -> None:
-        self.received += meta["size"]
-        self.runners[meta["runner"]].ack.remote([meta["seq"]])
-
-    def stats(self) -> dict:
-        return {"received": self.received}
 
 
 # -- placement and Ray ------------------------------------------------------------------------------

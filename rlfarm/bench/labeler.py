@@ -25,8 +25,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.bench.common import median_rate, sizes
-from rlfarm.bench.farm import (ChunkProducer, InstantAck, assigned_gpus, bench_ray, box_spaces, farm_topology,
-                               placed, start_learner, steady_window, sum_stats, wait_until)
+from rlfarm.bench.farm import (assigned_gpus, bench_ray, box_spaces, farm_topology, placed, start_learner,
+                               steady_window, sum_stats, wait_until)
+from rlfarm.bench.stand_ins import ChunkProducer, InstantAck
 from rlfarm.config import CONF_DIR
 from rlfarm.families import OFFPOLICY
 from rlfarm.rewards.clip_factory import SHAPES, save_random_clip

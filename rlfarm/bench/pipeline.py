@@ -24,9 +24,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.bench.common import sizes
-from rlfarm.bench.farm import (NEVER, ChunkProducer, InstantAck, Window, assigned_gpus, bench_ray, box_spaces,
+from rlfarm.bench.farm import (NEVER, Window, assigned_gpus, bench_ray, box_spaces,
                                farm_topology, placed, start_learner, steady_window, sum_stats, wait_until)
-from rlfarm.bench.fixed_cost_env import MODULE_ENV_ID
+from rlfarm.bench.stand_ins import MODULE_ENV_ID, ChunkProducer, InstantAck
 from rlfarm.config import CONF_DIR
 from rlfarm.families import OFFPOLICY
 from rlfarm.rewards.fixed_cost import FixedCostReward

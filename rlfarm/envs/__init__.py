@@ -1,5 +1,6 @@
 """Environments: gymnasium vector envs that yield replay-safe transitions and optional frames."""
 
-from rlfarm.envs.vector import StepResult, UnknownEnvError, VectorEnv
+from rlfarm.envs.registry import UnknownEnvError
+from rlfarm.envs.vector import StepResult, VectorEnv
 
 __all__ = ["StepResult", "UnknownEnvError", "VectorEnv"]

@@ -6,9 +6,10 @@ actions and no bounds (None marks a discrete policy head; see rlfarm.models.acto
 """
 from __future__ import annotations
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from rlfarm.envs.rendering import make_env
 
 
 def policy_dims(observation_space: spaces.Space, action_space: spaces.Space) -> dict:
@@ -24,8 +25,10 @@ def policy_dims(observation_space: spaces.Space, action_space: spaces.Space) -> 
 
 
 def env_policy_dims(env_id: str, kwargs: dict | None = None) -> dict:
-    """`policy_dims` of a registered env, from one throwaway instance (no reset, no rendering)."""
-    env = gym.make(env_id, **(kwargs or {}))
+    """`policy_dims` of a registered env ("module:Id" too), from one throwaway instance (no reset, no rendering):
+    the driver reads it from an env of its own, so a learner can start beside the runners instead of after the
+    first one is up, and a bad env id fails there, in one line (UnknownEnvError)."""
+    env = make_env(env_id, None, kwargs)
     try:
         return policy_dims(env.observation_space, env.action_space)
     finally:

@@ -9,7 +9,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.loops.deadlines import RoleUnresponsive
-from rlfarm.roles.env_runner import EnvRunner, env_spaces
+from rlfarm.envs.spaces import env_policy_dims
+from rlfarm.roles.env_runner import EnvRunner
 from rlfarm.roles.actor_learner import ActorLearner
 from rlfarm.roles.labeler import Labeler
 from rlfarm.roles.sac_learner import SACLearner
@@ -76,7 +77,8 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
     needs, frame_size, frame_stack = reward_inputs(cfg.reward)
     if "frames" in needs:
         warn_if_the_farm_would_starve(cfg, len(plan.of("env_runner")), len(plan.of("labeler")))
-    spaces = env_spaces(as_dict(cfg.env))  # before any actor: a bad env fails here, in one line
+    kwargs = as_dict(cfg.env.kwargs) if cfg.env.get("kwargs") else {}
+    spaces = env_policy_dims(str(cfg.env.id), kwargs)  # before any actor: a bad env fails here, in one line
     learner_class = LEARNERS[str(algo.name)]
     ranks = start_learner_ranks(learner_class, placed, (as_dict(algo), as_dict(cfg.model), spaces, int(cfg.seed)))
     learner = ranks[0]

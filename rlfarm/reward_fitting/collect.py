@@ -37,7 +37,7 @@ def collect(env_id: str, env_kwargs: dict, count: int, frame_size: int, target: 
     (as the runners stack them).
     actor: a policy with `act(obs [n, obs_dim]) -> actions` (the mean action), or None for uniform random actions.
     target: "env_reward", or "success" (the step's info["success"] / info["is_success"], as 0/1)."""
-    from rlfarm.envs.vector import make_env, render_frame
+    from rlfarm.envs.rendering import make_env, render_frame
 
     envs = [make_env(env_id, frame_size, env_kwargs) for _ in range(num_envs)]
     rng = np.random.default_rng(seed)

@@ -33,6 +33,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from rlfarm.chunk import Chunk, ChunkMeta
 from rlfarm.roles.common import save_atomic
 from rlfarm.sync.object_store import Publication, publication
 
@@ -80,7 +81,7 @@ class ChunkLearner:
         self._reward_sums = np.zeros(4)
 
     # -- the algorithm's part ------------------------------------------------------------------------
-    def _take(self, meta: dict, chunk: dict) -> int | None:
+    def _take(self, meta: ChunkMeta, chunk: Chunk) -> int | None:
         """Keep a new chunk's data; return the update count after which its credit goes back, or None when the
         subclass acks it itself (appending to `unacked` once it is used)."""
         raise NotImplementedError
@@ -120,10 +121,10 @@ class ChunkLearner:
         self._publish_now()  # version 1 = the initial weights, so runners and learner start identical
 
     # -- called by labelers ------------------------------------------------------------------------
-    def store(self, labeled: list[tuple[dict, dict]]) -> None:
+    def store(self, labeled: list[tuple[ChunkMeta, Chunk]]) -> None:
         self.inbox.put(labeled)
 
-    def quarantined(self, metas: list[dict]) -> None:
+    def quarantined(self, metas: list[ChunkMeta]) -> None:
         """Chunks a labeler could not label: never stored, but their credits go back to the runners."""
         self.inbox.put([(meta, None) for meta in metas])
 
@@ -217,7 +218,7 @@ class ChunkLearner:
                 self._store(labeled)
                 stored = True
 
-    def _store(self, labeled: list[tuple[dict, dict]]) -> None:
+    def _store(self, labeled: list[tuple[ChunkMeta, Chunk | None]]) -> None:
         self._quiet = False
         for meta, chunk in labeled:
             chunk_id = (meta["runner"], meta["seq"])
@@ -279,7 +280,7 @@ class ChunkLearner:
         published = self.publisher.published
         for index, runner in enumerate(self.runners):
             self._handed[index] = published[1]
-            runner.set_weights.remote(published)
+            runner.receive_weights.remote(published)
 
     # -- reporting / persistence ---------------------------------------------------------------------
     def stats(self) -> dict:

@@ -1,9 +1,9 @@
 """EnvRunner role: steps a vector env with its own copy of the policy and emits chunks of raw transitions.
 
-A chunk carries no reward: only what the reward model needs (`needs`, e.g. the env's own reward or
-rendered frames). It is put in the object store once; only its ref travels to a labeler. Each runner
-holds `credits`: one is spent per chunk and returned by the learner once the chunk is stored and the
-updates it owes are done, so a slow labeling farm or learner pauses acting instead of piling up memory.
+A chunk (rlfarm/chunk.py) carries no reward: the fields every chunk has, and what the reward model needs
+(`needs`, e.g. rendered frames). It is put in the object store once; only its ref travels to a labeler. Each
+runner holds `credits` (rlfarm/roles/credits.py): one is spent per chunk and returned by the learner once the
+chunk is stored and the updates it owes are done, so a slow labeling farm or learner pauses acting.
 
 The frame path: the runner's vector env writes every step (frames included, rendered at the reward model's
 input size) straight into preallocated [chunk_steps, num_envs, ...] arrays, in worker processes' shared memory
@@ -15,7 +15,6 @@ submit).
 """
 from __future__ import annotations
 
-import glob
 import os
 import sys
 import threading
@@ -28,42 +27,19 @@ import ray
 import torch
 from hydra.utils import instantiate
 
+from rlfarm.chunk import RECORDED, STEPPED, Chunk, ChunkMeta, flat
+from rlfarm.envs.rendering import headless_rendering, limit_software_rendering, spread_rendering
 from rlfarm.envs.spaces import policy_dims
-from rlfarm.envs.vector import RECORDED, StepBuffers, VectorEnv, make_env
+from rlfarm.envs.step_buffers import StepBuffers
+from rlfarm.envs.vector import VectorEnv
+from rlfarm.roles.base import role
 from rlfarm.roles.common import assigned_device, limit_threads, seed_everything
+from rlfarm.roles.credits import Credits
 from rlfarm.roles.stage_clock import StageClock
 from rlfarm.sync.object_store import HeldWeights, Publication
 
 
-def spread_rendering(index: int, render_gpus: list[int] | None = None) -> None:
-    """Runners render headless through EGL; left alone, every runner draws on GPU 0 and it becomes the
-    bottleneck (docs/benchmarks.md, split_1_3). Spread them over `render_gpus`, or over all of the node's GPUs.
-    Runners hold no CUDA share, so count the device files, not CUDA."""
-    if os.environ.get("MUJOCO_GL") != "egl" or "MUJOCO_EGL_DEVICE_ID" in os.environ:
-        return
-    gpus = list(render_gpus or range(len(glob.glob("/dev/nvidia[0-9]*"))))
-    if gpus:
-        os.environ["MUJOCO_EGL_DEVICE_ID"] = str(gpus[index % len(gpus)])
-
-
-def env_spaces(env_cfg: dict) -> dict:
-    """The runners' spaces (`policy_dims`: flat sizes and the action bounds, None for a Discrete action space), read
-    by the driver from one env of its own (no frames): the learner can then start
-    beside the runners instead of after the first one is up (that wait was ~3 s of a 2-core machine's start-up)."""
-    env = make_env(env_cfg["id"], None, dict(env_cfg.get("kwargs") or {}))
-    try:
-        return policy_dims(env.observation_space, env.action_space)
-    finally:
-        env.close()
-
-
-def limit_software_rendering(threads: int) -> None:
-    """Mesa's software rasteriser (llvmpipe, the EGL of a machine without a GPU driver) starts one render thread
-    per core in every process that renders: dozens of runners on a many-core node would each start dozens.
-    Give each rendering process its share of the runner's cores instead. A user's own setting wins."""
-    os.environ.setdefault("LP_NUM_THREADS", str(max(1, threads)))
-
-
+@role("runner")
 class EnvRunner:
     def __init__(self, index: int, env_cfg: dict, actor_cfg: dict, needs: list[str], frame_size: int | None,
                  seed: int, chunk_steps: int, credits: int, random_steps: int, threads: int = 1, frame_stack: int = 1,
@@ -73,6 +49,7 @@ class EnvRunner:
         env gets it clipped into the box, log μ is of the raw sample)."""
         limit_threads(threads)
         seed_everything(seed + 7919 * index)
+        headless_rendering()  # before the env imports MuJoCo: it picks its GL backend then
         spread_rendering(index, env_cfg.get("render_gpus"))
         workers = int(env_cfg.get("workers", 0))
         limit_software_rendering(threads // max(1, workers))
@@ -97,11 +74,8 @@ class EnvRunner:
         self.policy = self.policy.to(self.device).eval()
         self.rng = np.random.default_rng(seed + 7919 * index)
         self.behaviour = self._behaviour_arrays(chunk_steps) if behaviour else {}
-        self.credits = threading.Semaphore(credits)
-        # seq → (meta, chunk ref, labeler index), until the learner acks it: this runner owns the chunk, so it
-        # survives a labeler's death and can be sent again.
-        self.in_flight: dict[int, tuple[dict, ray.ObjectRef, int]] = {}
-        self._lock = threading.Lock()
+        self.credits = Credits(credits)
+        self._lock = threading.Lock()  # the weights handed over, between the caller's thread and the acting one
         self._stop = threading.Event()
         self._pending_weights: Publication | None = None  # the newest handed over, loaded before the next chunk
         self.weights = HeldWeights()
@@ -120,30 +94,26 @@ class EnvRunner:
     def set_labelers(self, labelers: list) -> None:
         self.labelers = list(labelers)
 
-    def set_weights(self, published: Publication) -> None:
-        """Called by the learner at start and after a restart; the tensors are fetched when the next chunk starts."""
+    def receive_weights(self, published: Publication) -> int:
+        """The learner's weights (at start, after a load or a restart, and riding on acks): kept as the newest
+        handed over, their tensors fetched when the next chunk starts. Returns the version the runner acts with
+        from its next chunk on."""
         with self._lock:
             if self._pending_weights is None or published[1] > self._pending_weights[1]:
                 self._pending_weights = published
+            return max(self._pending_weights[1], self.weights.version)
 
     def ack(self, seqs: list[int], published: Publication | None = None) -> None:
         """The learner stored these chunks and did the updates they owe: give the credits back. `published`, the
-        learner's newest weights riding on the ack, is taken as set_weights would take it."""
+        learner's newest weights riding on the ack, is received as `receive_weights` receives them."""
         if published is not None:
-            self.set_weights(published)
-        with self._lock:
-            for seq in seqs:
-                if self.in_flight.pop(seq, None) is not None:
-                    self.credits.release()
+            self.receive_weights(published)
+        self.credits.acked(seqs)
 
     def redispatch(self, labeler: int) -> int:
         """A labeler died (and was restarted): send it again the chunks it held. A chunk it had already
         delivered is stored once anyway (the learner de-duplicates by id). Returns the chunks re-sent."""
-        with self._lock:
-            lost = [(meta, ref) for meta, ref, to in self.in_flight.values() if to == labeler]
-        for meta, ref in lost:
-            self.labelers[labeler].submit.remote(meta, ref)
-        return len(lost)
+        return self.credits.redispatch(labeler, self.labelers)
 
     def stop(self) -> None:
         self._stop.set()
@@ -206,7 +176,7 @@ class EnvRunner:
         """[B, ...] observations → [B, obs_dim] float32 on the policy's device."""
         return torch.as_tensor(obs).to(self.device, non_blocking=True).reshape(obs.shape[0], -1).float()
 
-    def collect(self, steps: int) -> dict[str, np.ndarray]:
+    def collect(self, steps: int) -> Chunk:
         """Load the newest weights handed over, then act `steps` (≤ chunk_steps) vector steps from where the last
         chunk ended. Returns the chunk: flat [steps * num_envs, ...] views of the step buffers, step-major, valid
         until the next collect()."""
@@ -228,7 +198,7 @@ class EnvRunner:
             self._collect_overlapped(rows, steps)
         self._carry_row = steps
         # [steps, envs, ...] → [steps * envs, ...] (a view): the labelers and the buffer see flat transitions.
-        chunk = {key: flat(getattr(rows, key)[:steps]) for key in (*CHUNK_FIELDS, *self.needs)}
+        chunk = {key: flat(getattr(rows, key)[:steps]) for key in (*STEPPED, *self.needs)}
         return chunk | {key: flat(array[:steps]) for key, array in self.behaviour.items()}
 
     def _collect_overlapped(self, rows: StepBuffers, steps: int) -> None:
@@ -299,27 +269,23 @@ class EnvRunner:
         num_envs = self.env.num_envs
         while self.env_steps < self.max_env_steps and not self._stop.is_set():
             with self.stages.timing("credit_wait"):
-                while not self.credits.acquire(timeout=0.1):
-                    if self._stop.is_set():
-                        return
+                if not self.credits.take(self._stop):
+                    return
             # The last chunk is cut short so the run stops at its step budget, not a chunk later.
             steps = min(self.chunk_steps, -(-(self.max_env_steps - self.env_steps) // num_envs))
             if steps <= 0:  # the budget was lowered while waiting for a credit
-                self.credits.release()
+                self.credits.give_back()
                 return
             chunk = self.collect(steps)
             with self.stages.timing("send"):
                 self._send(chunk, seq, incarnation)
             seq += 1
 
-    def _send(self, chunk: dict, seq: int, incarnation: int) -> None:
-        meta = {"runner": self.index, "seq": seq, "incarnation": incarnation, "produced_at": time.time(),
-                "policy_version": self.weights.version, "size": len(chunk["obs"]), "envs": self.env.num_envs}
+    def _send(self, chunk: Chunk, seq: int, incarnation: int) -> None:
+        meta = ChunkMeta(runner=self.index, seq=seq, incarnation=incarnation, produced_at=time.time(),
+                         policy_version=self.weights.version, size=len(chunk["obs"]), envs=self.env.num_envs)
         ref = ray.put(chunk)  # copies the chunk out of the step buffers: the next collect() may overwrite them
-        labeler = seq % len(self.labelers)
-        with self._lock:
-            self.in_flight[seq] = (meta, ref, labeler)
-        self.labelers[labeler].submit.remote(meta, ref)
+        self.credits.send(meta, ref, self.labelers)
         self.produced += meta["size"]
         self.chunks += 1
 
@@ -335,7 +301,7 @@ class EnvRunner:
             lengths.append(self.finished_lengths.popleft())
         return {**self.totals(), "pid": os.getpid(), "episode_returns": returns, "episode_lengths": lengths,
                 "stage_s": self.stages.snapshot(), "policy_version": self.weights.version,
-                "in_flight": len(self.in_flight)}
+                "in_flight": len(self.credits)}
 
 
 @dataclass
@@ -347,14 +313,3 @@ class PendingAct:
     event: "torch.cuda.Event | None"
     t: int
     columns: slice
-
-
-# What every chunk carries; a reward model's needs (frames) and an actor-learner's behaviour log-probs come on top.
-# The env's own reward travels along whatever the reward model (4 bytes a transition): the learner logs it beside
-# the labeled reward it trains on. `truncated` lets a learner bootstrap through time limits (V-trace does).
-CHUNK_FIELDS = ("obs", "action", "next_obs", "env_reward", "terminated", "truncated")
-
-
-def flat(rows: np.ndarray) -> np.ndarray:
-    """[steps, envs, ...] → [steps * envs, ...] without a copy (the step buffers are contiguous per step)."""
-    return rows.reshape(-1, *rows.shape[2:])

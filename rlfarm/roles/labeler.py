@@ -29,17 +29,19 @@ from pathlib import Path
 import numpy as np
 from hydra.utils import instantiate
 
+from rlfarm.chunk import LEARNED, Chunk, ChunkMeta
 from rlfarm.rewards.base import Pending
+from rlfarm.roles.base import role
 from rlfarm.roles.bus import Bus
 from rlfarm.roles.common import assigned_device, limit_threads
+from rlfarm.roles.stage_clock import StageClock
 
 WARMUP_CALLS = 8  # model calls that may take as long as a model load: a compiled model compiles again per new
                   # shape class (static, then dynamic batch sizes), and under CPU load each can take over a minute
-# What the learner gets of a chunk (SAC stores obs, action, next_obs, terminated and logs env_reward; an actor-learner
-# also reads truncated and the behaviour log-probs, with a Box action's raw sample); frames stay behind.
-LEARNER_FIELDS = ("obs", "action", "next_obs", "env_reward", "terminated", "truncated", "logprob", "sampled_action")
+Item = tuple[ChunkMeta, Chunk]  # a chunk on the bus
 
 
+@role("labeler")
 class Labeler:
     def __init__(self, index: int, reward_cfg: dict, bus_items: int, bus_timeout_s: float, threads: int = 1,
                  quarantine_dir: str | None = None):
@@ -55,7 +57,7 @@ class Labeler:
         self.quarantine_dir = Path(quarantine_dir) if quarantine_dir else None
         self.labeled = self.batches = self.quarantined = self.retries = 0
         self.last_error: str | None = None
-        self.stage_s = dict.fromkeys(("prepare", "model", "send", "idle"), 0.0)
+        self.stages = StageClock("prepare", "model", "send", "idle")
         self._calls: list[float] = []  # monotonic starts of the model calls in progress, oldest first (at most 2)
         self.calls_ended = 0
         self.overlapped = 0  # calls started while an earlier one was still running (a model that queues its work)
@@ -78,7 +80,7 @@ class Labeler:
         for rank, part in by_rank.items():
             getattr(self.learners[rank], method).remote(part)
 
-    def submit(self, meta: dict, chunk: dict) -> None:
+    def submit(self, meta: ChunkMeta, chunk: Chunk) -> None:
         """Ray resolves the chunk ref before this runs, so the data is already local (zero-copy)."""
         self.bus.put((meta, chunk), units=meta["size"])
 
@@ -88,17 +90,15 @@ class Labeler:
     def run(self) -> dict:
         flight = None  # (items, pending call, started): the bus the model is working on
         while not self._stop.is_set():
-            waiting = time.monotonic()
             if flight is None:
-                items = self.bus.take(wait_s=0.2)
-                self._time("idle", waiting)
+                items = self.stages.timed("idle", self.bus.take, wait_s=0.2)
                 if items:
                     flight = self._start(items)
                 continue
             items = []  # a call in flight: start the next bus if it fires before this call's result is there
-            while not items and not flight[1].ready() and not self._stop.is_set():
-                items = self.bus.take(wait_s=0.002)
-            self._time("model", waiting)
+            with self.stages.timing("model"):
+                while not items and not flight[1].ready() and not self._stop.is_set():
+                    items = self.bus.take(wait_s=0.002)
             following = self._start(items) if items else None
             self._finish(flight)
             flight = following
@@ -109,14 +109,7 @@ class Labeler:
             self._finish(self._start(leftover))
         return {"labeler": self.index, "labeled": self.labeled}
 
-    @property
-    def busy_s(self) -> float:
-        return self.stage_s["prepare"] + self.stage_s["model"] + self.stage_s["send"]
-
-    def _time(self, stage: str, since: float) -> None:
-        self.stage_s[stage] += time.monotonic() - since
-
-    def _batch(self, items: list[tuple[dict, dict]]) -> dict[str, np.ndarray | list[np.ndarray]]:
+    def _batch(self, items: list[Item]) -> dict[str, np.ndarray | list[np.ndarray]]:
         """What the model reads of the bus: per key, the chunks' arrays joined, or as they came for the keys the
         model copies into its own staging anyway (`takes_parts`: one host copy of a bus's frames instead of two)."""
         batch = {}
@@ -125,53 +118,56 @@ class Labeler:
             batch[key] = parts if key in getattr(self.model, "takes_parts", ()) else np.concatenate(parts)
         return batch
 
-    def _start(self, items: list[tuple[dict, dict]]) -> tuple:
+    def _start(self, items: list[Item]) -> tuple:
         """Gather the bus and start the model on it; a call that raises here is retried in `_finish`."""
         started = time.monotonic()
         self.overlapped += bool(self._calls)
         self._calls.append(started)
-        try:
-            batch = self._batch(items)
-            # a model written against the older interface (needs, setup, __call__ only) runs to the end here
-            pending = self.model.start(batch) if hasattr(self.model, "start") else Pending(self.model(batch))
-        except Exception as error:
-            pending = _Failed(error)
-        self._time("prepare", started)
+        with self.stages.timing("prepare"):
+            try:
+                batch = self._batch(items)
+                # a model written against the older interface (needs, setup, __call__ only) runs to the end here
+                pending = self.model.start(batch) if hasattr(self.model, "start") else Pending(self.model(batch))
+            except Exception as error:
+                pending = _Failed(error)
         return items, pending, started
 
     def _finish(self, flight: tuple) -> None:
         """Take the call's result (waiting for it), check it, and send the labeled chunks; a call that raised or
         returned unusable rewards is retried once, then its chunks are labeled one by one."""
         items, pending, started = flight
-        waiting = time.monotonic()
-        try:
-            try:
-                rewards = self._checked(items, pending.result())
-            except Exception as first:  # one retry: transient faults (OOM spikes, flaky remote models) pass
-                self.retries += 1
-                self.last_error = _one_line(first)
-                rewards = self._rewards(items)
-        except Exception:
-            self._time("model", waiting)
+        with self.stages.timing("model"):
+            rewards = self._result(items, pending)
+        if rewards is None:
             self._label_one_by_one(items)
             self._call_ended(started)
             return
-        self._time("model", waiting)
         self._call_ended(started)
-        sending = time.monotonic()
-        self._send(items, rewards)
-        self._time("send", sending)
+        self.stages.timed("send", self._send, items, rewards)
+
+    def _result(self, items: list[Item], pending: Pending) -> np.ndarray | None:
+        """The call's checked rewards, after one retry of a call that raised or returned unusable rewards (transient
+        faults, OOM spikes and flaky remote models, pass); None when the retry failed too."""
+        try:
+            return self._checked(items, pending.result())
+        except Exception as first:
+            self.retries += 1
+            self.last_error = _one_line(first)
+        try:
+            return self._rewards(items)
+        except Exception:
+            return None
 
     def _call_ended(self, started: float) -> None:
         self.calls_ended += 1
         self._calls.remove(started)  # a call started after this one now counts from its own start
 
-    def _rewards(self, items: list[tuple[dict, dict]]) -> np.ndarray:
+    def _rewards(self, items: list[Item]) -> np.ndarray:
         """Run the model once over the items, to the end; raise on an exception or on unusable rewards."""
         return self._checked(items, self.model(self._batch(items)))
 
     @staticmethod
-    def _checked(items: list[tuple[dict, dict]], rewards) -> np.ndarray:
+    def _checked(items: list[Item], rewards) -> np.ndarray:
         rewards = np.asarray(rewards, dtype=np.float32).reshape(-1)
         if rewards.shape[0] != sum(meta["size"] for meta, _ in items):
             raise ValueError(f"reward model returned {rewards.shape[0]} rewards for {sum(m['size'] for m, _ in items)} transitions")
@@ -179,7 +175,7 @@ class Labeler:
             raise FloatingPointError(f"reward model returned {int((~np.isfinite(rewards)).sum())} NaN/inf rewards")
         return rewards
 
-    def _label_one_by_one(self, items: list[tuple[dict, dict]]) -> None:
+    def _label_one_by_one(self, items: list[Item]) -> None:
         """Isolate the chunks that break the model; label the rest, quarantine those."""
         good, bad = [], []
         for item in items:
@@ -194,7 +190,7 @@ class Labeler:
                 self._quarantine(meta, chunk, error)
             self._deliver("quarantined", [meta for (meta, _), _ in bad])
 
-    def _quarantine(self, meta: dict, chunk: dict, error: str) -> None:
+    def _quarantine(self, meta: ChunkMeta, chunk: Chunk, error: str) -> None:
         self.quarantined += meta["size"]
         self.last_error = error
         if self.quarantine_dir is None:
@@ -204,15 +200,16 @@ class Labeler:
         np.savez_compressed(f"{stem}.npz", **{k: np.asarray(v) for k, v in chunk.items()})
         Path(f"{stem}.json").write_text(json.dumps({**meta, "error": error, "labeler": self.index}, indent=1))
 
-    def _send(self, items: list[tuple[dict, dict]], rewards: np.ndarray) -> None:
+    def _send(self, items: list[Item], rewards: np.ndarray) -> None:
         labeled_at = time.time()
         out, start = [], 0
         for meta, chunk in items:
             n = meta["size"]
-            labeled = {key: chunk[key] for key in LEARNER_FIELDS if key in chunk}  # a bench producer may send no env_reward
+            labeled: Chunk = {key: chunk[key] for key in LEARNED if key in chunk}  # frames stay here
             labeled["reward"] = rewards[start:start + n]
             start += n
-            out.append(({**meta, "labeled_at": labeled_at, "labeled_by": (self.index, self.incarnation)}, labeled))
+            labeled_meta: ChunkMeta = {**meta, "labeled_at": labeled_at, "labeled_by": (self.index, self.incarnation)}
+            out.append((labeled_meta, labeled))
             self.lag_sum_s += labeled_at - meta["produced_at"]
             self.lag_count += 1
         self._deliver("store", out)
@@ -223,9 +220,10 @@ class Labeler:
         lag = self.lag_sum_s / self.lag_count if self.lag_count else 0.0
         self.lag_sum_s, self.lag_count = 0.0, 0
         calls = list(self._calls)  # a copy: the run thread may end a call meanwhile
-        return {"labeler": self.index, "pid": os.getpid(), "labeled": self.labeled, "batches": self.batches, "busy_s": self.busy_s,
-                "overlapped": self.overlapped,
-                "stage_s": dict(self.stage_s),
+        stage_s = self.stages.snapshot()
+        busy_s = stage_s["prepare"] + stage_s["model"] + stage_s["send"]
+        return {"labeler": self.index, "pid": os.getpid(), "labeled": self.labeled, "batches": self.batches, "busy_s": busy_s,
+                "overlapped": self.overlapped, "stage_s": stage_s,
                 "in_call_s": time.monotonic() - calls[0] if calls else 0.0,
                 "warm": self.calls_ended >= WARMUP_CALLS,
                 "labeling_lag_s": lag, "queued": len(self.bus), "device": self.device,

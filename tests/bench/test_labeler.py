@@ -7,7 +7,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from helpers import rlfarm
-from rlfarm.bench.farm import ChunkProducer, box_spaces, store_only_learner_args
+from rlfarm.bench.farm import box_spaces, store_only_learner_args
+from rlfarm.bench.stand_ins import ChunkProducer
 from rlfarm.config import compose
 from rlfarm.roles.labeler import Labeler
 from rlfarm.roles.sac_learner import SACLearner

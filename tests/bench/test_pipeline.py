@@ -7,7 +7,7 @@ import pytest
 
 from helpers import rlfarm
 from rlfarm.bench.farm import steady_window
-from rlfarm.bench.fixed_cost_env import MODULE_ENV_ID
+from rlfarm.bench.stand_ins import MODULE_ENV_ID
 from rlfarm.envs.vector import VectorEnv
 
 

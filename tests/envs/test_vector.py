@@ -1,4 +1,7 @@
 import glob
+import os
+import subprocess
+import sys
 import threading
 
 import gymnasium as gym
@@ -7,7 +10,7 @@ import psutil
 import pytest
 
 from rlfarm.envs import UnknownEnvError, VectorEnv
-from rlfarm.envs.vector import EnvWorkerError
+from rlfarm.envs.workers import EnvWorkerError
 
 
 def pendulum_actions(steps: int, num_envs: int) -> list[np.ndarray]:
@@ -242,3 +245,16 @@ def test_a_dead_worker_is_an_error_naming_its_sub_envs_not_a_hang():
 def test_more_workers_than_sub_envs_is_refused():
     with pytest.raises(ValueError, match=r"workers must be in \[0, num_envs=2\]"):
         VectorEnv("Pendulum-v1", num_envs=2, workers=3)
+
+
+def test_importing_the_envs_sets_nothing_in_the_environment_and_building_one_renders_headless():
+    """Rendering's settings are made by the code that renders (`headless_rendering`), not as a side effect of an
+    import: a process that imports rlfarm.envs (or the runner) keeps its environment as it was."""
+    script = ("import os, sys; import rlfarm.envs, rlfarm.envs.vector, rlfarm.roles.env_runner; "
+              "assert not {'MUJOCO_GL', 'SDL_VIDEODRIVER', 'LP_NUM_THREADS'} & set(os.environ), 'set at import'; "
+              "env = rlfarm.envs.VectorEnv('Pendulum-v1', 1, frame_size=8); env.reset(); env.close(); "
+              "print(os.environ['MUJOCO_GL'], os.environ['SDL_VIDEODRIVER'])")
+    clean = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "SDL_VIDEODRIVER", "LP_NUM_THREADS")}
+    done = subprocess.run([sys.executable, "-c", script], env=clean, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["egl", "dummy"]

@@ -87,6 +87,7 @@ def test_a_publication_riding_on_an_ack_is_loaded_before_the_next_chunk():
     acting = runner({"id": "Pendulum-v1", "num_envs": 2, "kwargs": {}}, needs=("env_reward",), frame_size=None)
     state = {k: torch.full_like(v, 0.25) for k, v in acting.policy.state_dict().items()}
     acting.ack([], publication(state, 4))
+    assert acting.receive_weights(publication(state, 3)) == 4  # an older publication changes nothing
     acting.collect(1)
     acting.close()
     assert acting.weights.version == 4 and acting.stats()["policy_version"] == 4

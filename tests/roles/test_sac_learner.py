@@ -2,7 +2,7 @@
 keeps arriving, weights travel with the acks, exact update counts at any update-to-data ratio, stage times.
 
 The learner is the real class on CPU with tiny networks. Its runners are `RecordingRunner`s: the learner only
-calls `runner.ack.remote(seqs, published)` and `runner.set_weights.remote(published)` (the EnvRunner side is
+calls `runner.ack.remote(seqs, published)` and `runner.receive_weights.remote(published)` (the EnvRunner side is
 tested with the real runner in tests/loops); recording them in process keeps these tests at a few seconds."""
 import math
 import threading
@@ -187,7 +187,7 @@ def test_weights_travel_with_acks_not_a_fan_out_per_publication():
     result = finish()
     assert result["updates"] == 6 * 3 * CHUNK - 64 + 1
     for runner in runners:
-        assert runner.pushed == [1]  # set_weights: the initial weights only
+        assert runner.pushed == [1]  # receive_weights: the initial weights only
         assert runner.carried and runner.carried == sorted(set(runner.carried))  # newer with each ack, never again
         assert runner.carried[-1] > 1
     assert max(r.newest for r in runners) <= learner.version
