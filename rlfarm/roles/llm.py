@@ -44,7 +44,8 @@ from rlfarm.rewards.rollouts import score_rollout
 from rlfarm.rewards.verifiers import get_verifier
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic, serve_rendezvous_here
 from rlfarm.roles.value_critic import ValueCritic
-from rlfarm.sync import HostSender, PassThroughReceiver, WeightReceiver, WeightSender, load_into
+from rlfarm.engines.base import load_into
+from rlfarm.sync import HostSender, PassThroughReceiver, WeightReceiver, WeightSender
 from rlfarm.sync.transport import open_receiver, open_sender, uses_group
 
 
