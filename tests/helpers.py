@@ -95,10 +95,10 @@ class RecordingRunner:
 
     def __init__(self):
         self.acked: list[int] = []
-        self.pushed: list[int] = []   # weight versions sent by set_weights (start, load, push_weights)
+        self.pushed: list[int] = []   # weight versions sent by receive_weights (start, load, push_weights)
         self.carried: list[int] = []  # weight versions that came with an ack
         self.ack = self._Method(self._ack)
-        self.set_weights = self._Method(lambda published: self.pushed.append(published[1]))
+        self.receive_weights = self._Method(lambda published: self.pushed.append(published[1]))
 
     def _ack(self, seqs, published=None):
         self.acked.extend(seqs)
