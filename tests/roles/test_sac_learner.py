@@ -195,6 +195,8 @@ def test_weights_travel_with_acks_not_a_fan_out_per_publication():
     assert max(r.newest for r in runners) <= learner.version
     stats = learner.stats()
     assert stats["policy_version"] == learner.version >= result["updates"] // (4 * UPDATES_PER_BURST)
+    published = learner.publish()  # the learner role's newest publication: what the acks carried, or newer
+    assert published is learner.publisher.published and max(r.newest for r in runners) <= published[1] <= learner.version
 
 
 @pytest.mark.parametrize("utd, batch, chunks", [(0.25, 2048, 10), (0.1, 512, 10), (0.29, 64, 10), (2.0, 32, 3)])
