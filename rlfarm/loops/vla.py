@@ -56,9 +56,7 @@ class VLALoop(SyncLoop):
                             self.vla, share, p.index, p.threads)
                         for p, share in zip(runners, self.shares)]
         (learner,) = plan.of("learner")
-        start_s = float(cfg.run.restart_timeout_s)  # a role's start (imports, envs, a policy build) within this
-        # a worker's shapes size the learner's policy without an env of its own
-        (shapes,) = ask([("env_runner 0", self.workers[0].shapes.remote())], "its policy's shapes", start_s)
+        shapes = ray.get(self.workers[0].shapes.remote())  # sizes the learner's policy without an env of its own
         self.learner = remote_learner_class().options(**placed.options(learner)).remote(self.vla, shapes,
                                                                                         learner.threads)
         # An engine role: batching inference servers the workers share (worker i → server i mod S). A server holds
@@ -69,7 +67,7 @@ class VLALoop(SyncLoop):
                             self.vla, shapes, int(cfg.algo.server_max_batch), float(cfg.algo.server_max_wait_ms),
                             p.threads, dtype=str(cfg.algo.server_dtype), graphs=bool(cfg.algo.server_graphs))
                         for p in plan.of("engine")]
-        ask([(f"env_runner {i}", self._wire(i)) for i in range(len(self.workers))], "its server's address", start_s)
+        ray.get([self._wire(i) for i in range(len(self.workers))])
         self.supervisor = Supervisor(self.learner, self.workers, [], int(cfg.run.max_restarts), run.dir / "roles.json",
                                      engines=self.servers)
         self.title = f"rlfarm · {cfg.algo.name} · {cfg.env.id} · {cfg.topology.name}"
@@ -86,14 +84,11 @@ class VLALoop(SyncLoop):
 
     def _warm_up(self) -> None:
         self.weights = self.learner.publish.remote()
-        self._ask([(self.supervisor.learner.name, self.weights),  # every worker up (it holds its initial weights)
-                   *((worker.name, worker.actor.receive_weights.remote(None)) for worker in self.supervisor.workers)],
-                  "the first weights", float(self.cfg.run.restart_timeout_s))
+        ray.get([self.weights, *(w.receive_weights.remote(None) for w in self.workers)])
         self.supervisor.poll(float(self.cfg.run.role_timeout_s))  # every role's pid, for roles.json
         self.supervisor.write_roles_file()
         self._server_stats = [{"busy_s": 0.0, "wall_s": 0.0, "batches": 0, "observations": 0} for _ in self.servers]
-        started = self._ask([(server.name, server.actor.stats.remote()) for server in self.supervisor.of("engine")],
-                            "stats", float(self.cfg.run.role_timeout_s))
+        started = ray.get([server.stats.remote() for server in self.servers])
         for server, stats in zip(self.supervisor.of("engine"), started):  # in case poll() had no answer from it yet
             server.pid = server.pid or stats["pid"]
         self._server_decoding = {"dtype": started[0]["dtype"], "graphs": started[0]["graphs"]} if started else None
