@@ -31,10 +31,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.bench.common import sizes
+from rlfarm.engines.base import load_into
 from rlfarm.engines.hf import HFEngine
 from rlfarm.models.lm import build_causal_lm, trainable_state_dict
 from rlfarm.sync import (BroadcastReceiver, BroadcastSender, HostSender, InPlaceSender, Layout, PassThroughReceiver,
-                         join_group, load_into, plan_layout, serve_rendezvous)
+                         join_group, plan_layout, serve_rendezvous)
 
 UNIT = "GB/s (higher is better)"
 log = logging.getLogger("rlfarm")

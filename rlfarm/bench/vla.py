@@ -96,7 +96,7 @@ def measure(vla, groups: int, workers: int, device: str, repeats: int, timeout_s
     """Start `workers` processes sharing `groups` GRPO groups; time `repeats` rollouts of each from a common go."""
     context = mp.get_context("spawn")  # CUDA in the children; a fork would inherit this process's state
     ready, results, go = context.Queue(), context.Queue(), context.Event()
-    from rlfarm.loops.vla import split_groups
+    from rlfarm.roles.vla_settings import split_groups
 
     shares = split_groups(groups, workers)
     procs = [context.Process(target=worker_main, args=(vla, share, i, device, repeats, ready, results, go, dtype),
@@ -136,9 +136,9 @@ def measure_server(vla, groups: int, workers: int, device: str, repeats: int, ti
     `repeats` rollouts of every worker are all submitted at once (each worker plays its own back to back)."""
     import ray
 
-    from rlfarm.loops.vla import split_groups
+    from rlfarm.roles.vla_settings import split_groups
     from rlfarm.roles.vla import remote_worker_class
-    from rlfarm.roles.vla_server import VLAInferenceServer
+    from rlfarm.roles.vla_server import remote_server_class
 
     cuda = device == "cuda"
     ours = not ray.is_initialized()
@@ -152,7 +152,7 @@ def measure_server(vla, groups: int, workers: int, device: str, repeats: int, ti
         actors = [remote_worker_class().options(num_cpus=1, num_gpus=0).remote(vla, share, i, 1, "cpu")
                   for i, share in enumerate(shares)]
         shapes = ray.get(actors[0].shapes.remote(), timeout=timeout_s)
-        server = ray.remote(VLAInferenceServer).options(
+        server = remote_server_class().options(
             num_cpus=1, num_gpus=1 if cuda else 0, max_concurrency=2 * workers + 8).remote(
                 vla, shapes, max_batch, max_wait_ms, 1, "cuda:0" if cuda else "cpu", dtype, graphs)
         actors.append(server)
@@ -160,7 +160,7 @@ def measure_server(vla, groups: int, workers: int, device: str, repeats: int, ti
         firsts = [1_000_003 * (i + 1) for i in range(workers)]
 
         def rollouts(r: int) -> list:  # every worker's r-th rollout; only its stats come back here
-            return [worker.collect.options(num_returns=2).remote(None, list(range(f + r * n, f + (r + 1) * n)))[1]
+            return [worker.collect.options(num_returns=2).remote(list(range(f + r * n, f + (r + 1) * n)))[1]
                     for worker, f, n in zip(actors, firsts, shares)]
 
         ray.get(rollouts(0), timeout=timeout_s)  # warm-up: imports, CUDA init, first calls of every batch size
@@ -206,10 +206,10 @@ def worker_main(vla, groups: int, index: int, device: str, repeats: int, ready, 
     worker = VLARolloutWorker(vla, groups, index, threads=1, device=where)
     worker.policy = inference_policy(vla, worker.shapes(), where, dtype)  # the server's dtype: a like-for-like baseline
     first = 1_000_003 * (index + 1)
-    worker.collect(None, list(range(first, first + groups)))  # CUDA init, allocator, first-call costs
+    worker.collect(list(range(first, first + groups)))  # CUDA init, allocator, first-call costs
     ready.put(index)
     go.wait()
-    stats = [worker.collect(None, list(range(first + (r + 1) * groups, first + (r + 2) * groups)))[1]
+    stats = [worker.collect(list(range(first + (r + 1) * groups, first + (r + 2) * groups)))[1]
              for r in range(repeats)]
     worker.close()
     results.put(stats)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 
 from rlfarm.data import Rollout, StopIds
+from rlfarm.sync.base import WeightReceiver
 
 
 def hits_stop(token: torch.Tensor, ids: tuple[int, ...]) -> torch.Tensor:
@@ -38,3 +40,14 @@ class Engine(ABC):
     @abstractmethod
     def wake(self) -> None:
         """Take the accelerator back after `sleep`."""
+
+
+def load_into(engine: Engine, receiver: WeightReceiver, sent: Any, version: int) -> int:
+    """Receive every part of a weight sync (`rlfarm.sync`) into `engine` and tag its later rollouts with `version`.
+    Returns the bytes loaded. The engine's side of the sync: engines import `sync/`, never the reverse."""
+    loaded = 0
+    for part in receiver.receive(sent):
+        engine.update_weights(part, version)
+        loaded += sum(t.numel() * t.element_size() for t in part.values())
+    engine.weight_version = version
+    return loaded

@@ -108,8 +108,8 @@ class OffPolicyLoop(PeriodicCheckpoints):
     def _save(self, name: str, with_buffer: bool | None = None) -> ray.ObjectRef:
         if with_buffer is None:
             with_buffer = bool(self.cfg.run.checkpoint_buffer)
-        return self.roles.learner.save.remote(str(self.run.checkpoint_dir / name), with_buffer,
-                                              self.progress.state_dict())
+        return self.roles.learner.save.remote(str(self.run.checkpoint_dir / name), self.progress.state_dict(),
+                                              with_buffer=with_buffer)
 
     def _save_deadline_s(self, name: str) -> float:
         if name == "preempted.pt":

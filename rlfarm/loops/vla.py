@@ -1,11 +1,14 @@
 """VLA driver (SimpleVLA-RL's recipe, and PPO with a critic): rollout workers play episodes (GRPO groups) in the
 simulator, the learner updates, weights go back to the workers, synchronously.
 
-    seeds → workers.collect (pipelined env groups + policy inference) → learner.update (GRPO) → learner.publish
+    publication → workers.receive_weights, seeds → workers.collect (pipelined env groups + policy inference)
+    → learner.update (GRPO) → learner.publish
 
 Each update draws `groups_per_update` initial-state seeds, split across the env-runner workers; every seed is
 played `group_size` times (a GRPO group: the same initial state and instruction, different action samples).
-Only object refs pass through here, apart from the workers' small timing stats and the learner's metrics.
+Only object refs pass through here, apart from the workers' small timing stats and the learner's metrics. Every
+wait has a deadline: a worker's rollout on its progress, a server's call and the learner's update on their liveness
+(the learner answers `stats` during an update within `run.role_timeout_s`, or the run ends naming it).
 """
 from __future__ import annotations
 
@@ -15,20 +18,16 @@ from collections import Counter
 
 import numpy as np
 import ray
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from rlfarm.algos.ppo_vla import PPOVLAConfig
-from rlfarm.algos.vla import VLAConfig
-from rlfarm.envs.vla_tasks import check_vla_task
-from rlfarm.errors import ConfigError
+from rlfarm.loops.deadlines import NO_PROGRESS, Interrupted, WorkerLost, ask
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
-from rlfarm.loops.deadlines import NO_PROGRESS, Interrupted, WorkerLost, ask_one
 from rlfarm.loops.supervision import Supervisor
-from rlfarm.roles.vla import InferenceServerLost, VLALearner, remote_worker_class
-from rlfarm.roles.vla_server import VLAInferenceServer
+from rlfarm.roles.vla import InferenceServerLost, remote_learner_class, remote_worker_class
+from rlfarm.roles.vla_server import remote_server_class
+from rlfarm.roles.vla_settings import split_groups, vla_config
 from rlfarm.run import Run
-from rlfarm.settings import known_fields
 from rlfarm.topology import PlacedTopology
 
 log = logging.getLogger("rlfarm")
@@ -38,32 +37,6 @@ SERVER_DIED_BETWEEN = "none lost (it died between them)"
 SERVER_CALLS = 64  # concurrent sample() calls a server takes (each waits for its batch): two per worker, with room
 WATCH_S = 1.0  # while the workers play, look this often for a hung worker or server
 TIME_KEYS = ("rollout_s", "env_s", "infer_s", "overlap_s", "update_s", "step_s", "env_steps_per_s")
-
-
-def vla_config(cfg: DictConfig) -> VLAConfig:
-    """The frozen settings of one VLA run, from the composed Hydra config."""
-    algo = OmegaConf.to_container(cfg.algo, resolve=True)
-    settings = PPOVLAConfig if algo["name"] == "ppo_vla" else VLAConfig
-    fields = known_fields(settings, algo)
-    env = OmegaConf.to_container(cfg.env, resolve=True)
-    check_vla_task(str(env["id"]))
-    return settings(**fields, env_id=str(env["id"]), env=dict(env.get("kwargs") or {}), chunk_size=int(env["chunk_size"]),
-                     bins=int(env.get("bins", 256)), model=vla_model(cfg.model),
-                     seed=int(cfg.seed))
-
-
-def vla_model(model: DictConfig) -> dict:
-    """`model.config` for the roles, with `model.source` (an HF checkpoint folder, model=hf_vla) when set."""
-    config = OmegaConf.to_container(model.config, resolve=True)
-    return config | ({"source": str(model.source)} if model.get("source") else {})
-
-
-def split_groups(groups: int, workers: int) -> list[int]:
-    """Groups per worker, as even as possible; every worker gets at least one."""
-    if groups < workers:
-        raise ConfigError(f"algo.groups_per_update={groups} is fewer than the {workers} env runners",
-                          f"set algo.groups_per_update >= {workers} or fewer topology.roles.env_runner.count")
-    return [len(part) for part in np.array_split(np.arange(groups), workers)]
 
 
 class VLALoop(SyncLoop):
@@ -84,13 +57,13 @@ class VLALoop(SyncLoop):
                         for p, share in zip(runners, self.shares)]
         (learner,) = plan.of("learner")
         shapes = ray.get(self.workers[0].shapes.remote())  # sizes the learner's policy without an env of its own
-        self.learner = ray.remote(VLALearner).options(**placed.options(learner)).remote(self.vla, shapes,
-                                                                                      learner.threads)
+        self.learner = remote_learner_class().options(**placed.options(learner)).remote(self.vla, shapes,
+                                                                                        learner.threads)
         # An engine role: batching inference servers the workers share (worker i → server i mod S). A server holds
         # nothing the driver cannot give back (the newest weights): Ray restarts a dead one, the driver reloads it
         # and has its workers play the rollouts it broke again (`_recover_server`).
-        self.servers = [ray.remote(VLAInferenceServer).options(**placed.options(p), max_concurrency=SERVER_CALLS,
-                                                               **restartable).remote(
+        self.servers = [remote_server_class().options(**placed.options(p), max_concurrency=SERVER_CALLS,
+                                                         **restartable).remote(
                             self.vla, shapes, int(cfg.algo.server_max_batch), float(cfg.algo.server_max_wait_ms),
                             p.threads, dtype=str(cfg.algo.server_dtype), graphs=bool(cfg.algo.server_graphs))
                         for p in plan.of("engine")]
@@ -111,7 +84,7 @@ class VLALoop(SyncLoop):
 
     def _warm_up(self) -> None:
         self.weights = self.learner.publish.remote()
-        ray.get([self.weights, *(w.load_weights.remote(None) for w in self.workers)])
+        ray.get([self.weights, *(w.receive_weights.remote(None) for w in self.workers)])
         self.supervisor.poll(float(self.cfg.run.role_timeout_s))  # every role's pid, for roles.json
         self.supervisor.write_roles_file()
         self._server_stats = [{"busy_s": 0.0, "wall_s": 0.0, "batches": 0, "observations": 0} for _ in self.servers]
@@ -129,9 +102,10 @@ class VLALoop(SyncLoop):
         collected = self._collect(seeds)                                                 # 1. rollouts
         stats = [s for _, s in collected]
         rolled = time.monotonic()
-        metrics = ray.get(self.learner.update.remote(*(batch for batch, _ in collected)))  # 2. update
+        metrics = self._update([batch for batch, _ in collected])                        # 2. update
         self.weights = self.learner.publish.remote()                                    # 3. new weights
-        ray.wait([self.weights], fetch_local=False)
+        self._ask([(self.supervisor.learner.name, self.weights)], "publishing its weights",
+                  float(self.cfg.run.role_timeout_s))
         done = time.monotonic()
         return {"stats": stats, "learner": metrics, "rollout_s": rolled - started, "update_s": done - rolled,
                 "step_s": done - started, "servers": self._server_deltas()}
@@ -148,16 +122,17 @@ class VLALoop(SyncLoop):
         done: dict[int, tuple[ray.ObjectRef, dict]] = {}
         lost = Counter()  # rollouts each worker lost to its server in this update
         while calls:
-            waiting = {stats: i for i, (_, stats) in calls.items()}
+            waiting = {stats: i for i, (_, _, stats) in calls.items()}
             ready = self._wait_unless_preempted(list(waiting), num_returns=1, timeout_s=WATCH_S)
             if not ready:
                 self._kill_hung(sorted(calls))
                 continue
             for ref in ready:
                 i = waiting[ref]
-                batch, _ = calls.pop(i)
+                received, batch, _ = calls.pop(i)
                 try:
                     stats = ray.get(ref)
+                    ray.get(received)  # a publication it could not load fails the run here
                 except InferenceServerLost:  # the worker is alive; its server died (or came back without weights)
                     lost[i] += 1
                     if lost[i] > int(self.cfg.run.max_restarts) + 1:
@@ -198,13 +173,25 @@ class VLALoop(SyncLoop):
                 continue  # not restartable; it has nothing to do while the workers play (its deadline is elsewhere)
             self.supervisor.kill(role, problem)
 
-    def _send(self, index: int, seeds: list[int]) -> tuple[ray.ObjectRef, ray.ObjectRef]:
-        return self.workers[index].collect.options(num_returns=2).remote(self.weights, seeds)
+    def _send(self, index: int, seeds: list[int]) -> tuple[ray.ObjectRef, ray.ObjectRef, ray.ObjectRef]:
+        """The newest weights, then the rollout (one caller's calls run in order): (received, batch, stats) refs."""
+        worker = self.workers[index]
+        return (worker.receive_weights.remote(self.weights), *worker.collect.options(num_returns=2).remote(seeds))
+
+    def _update(self, batches: list[ray.ObjectRef]) -> dict:
+        """The learner's update, however long it takes, while the learner is alive: it answers `stats` from its own
+        thread during the update, asked every WATCH_S; one that does not answer within `run.role_timeout_s` (stopped,
+        hung) ends the run with one line naming it. SIGTERM ends the wait."""
+        learner, timeout_s = self.supervisor.learner.name, float(self.cfg.run.role_timeout_s)
+        call = self.learner.update.remote(*batches)
+        while not self._wait_unless_preempted([call], timeout_s=WATCH_S):
+            self._ask([(learner, self.learner.stats.remote())], "stats during its update", timeout_s)
+        return ray.get(call)
 
     def _recover(self, index: int, what: str) -> None:
         worker, started = self.supervisor.workers[index], time.monotonic()
         pid = self._back(worker)
-        ray.get(self._wire(index))
+        self._ask([(worker.name, self._wire(index))], "its server's address", float(self.cfg.run.role_timeout_s))
         self.supervisor.restarted(worker, pid, started, {"rollout": what})
 
     def _back(self, role) -> int:
@@ -227,8 +214,8 @@ class VLALoop(SyncLoop):
         while True:
             started = time.monotonic()
             try:  # a VLA-sized policy's weights may take a while to load: the restart deadline, not role_timeout_s
-                self._ask_server(server, server.actor.load_weights.remote(self.weights), "loading the newest weights",
-                                 float(self.cfg.run.restart_timeout_s))
+                self._ask([(server.name, server.actor.receive_weights.remote(self.weights))],
+                          "loading the newest weights", float(self.cfg.run.restart_timeout_s))
                 return
             except ray.exceptions.RayActorError:
                 self._server_restarted(index, self._back(server), started, what)
@@ -245,11 +232,11 @@ class VLALoop(SyncLoop):
             self._server_restarted(index, self._back(server), started, what)
         self._load_server(index, what)
 
-    def _ask_server(self, server, call: ray.ObjectRef, what: str, timeout_s: float):
-        """A server's answer between rollouts, within `timeout_s` (a server that does not answer ends the run with one
-        line naming it); SIGTERM ends the wait. Its death raises RayActorError, for the caller's recovery."""
+    def _ask(self, calls: list[tuple[str, ray.ObjectRef]], what: str, timeout_s: float) -> list:
+        """The named roles' answers, within `timeout_s` (a role that does not answer ends the run with one line naming
+        it); SIGTERM ends the wait. A death raises RayActorError, for the caller's recovery."""
         try:
-            return ask_one(server.name, call, what, timeout_s, lambda: self._preempt)
+            return ask(calls, what, timeout_s, lambda: self._preempt)
         except Interrupted:
             raise self._preempted() from None
 
@@ -266,10 +253,10 @@ class VLALoop(SyncLoop):
         for index, server in enumerate(self.supervisor.of("engine")):
             timeout_s = float(self.cfg.run.role_timeout_s)
             try:
-                stats = self._ask_server(server, server.actor.stats.remote(), "stats", timeout_s)
+                (stats,) = self._ask([(server.name, server.actor.stats.remote())], "stats", timeout_s)
             except ray.exceptions.RayActorError:
                 self._recover_server(index, SERVER_DIED_BETWEEN)
-                stats = self._ask_server(server, server.actor.stats.remote(), "stats", timeout_s)
+                (stats,) = self._ask([(server.name, server.actor.stats.remote())], "stats", timeout_s)
             if server.pid is not None and stats["pid"] != server.pid:
                 self._server_restarted(index, stats["pid"], time.monotonic(), SERVER_DIED_BETWEEN)
             now.append(stats)

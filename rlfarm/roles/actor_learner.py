@@ -28,6 +28,7 @@ from hydra.utils import instantiate
 
 from rlfarm.algos.vtrace_agent import BatchStaging, VTraceAgent, VTraceConfig, trajectories
 from rlfarm.data_parallel import average_gradients, broadcast_parameters, join_data_parallel
+from rlfarm.roles.base import role
 from rlfarm.roles.chunk_learner import ChunkLearner
 from rlfarm.roles.common import assigned_device, limit_threads, seed_everything, serve_rendezvous_here
 
@@ -37,6 +38,7 @@ SUMMED = ("stored", "duplicates", "duplicate_transitions", "quarantined", "buffe
           "transitions_dropped_lag")
 
 
+@role("learner")
 class ActorLearner(ChunkLearner):
     def __init__(self, algo_cfg: dict, model_cfg: dict, spaces: dict, seed: int, threads: int = 1,
                  device: str | None = None, rank: int = 0, world_size: int = 1):

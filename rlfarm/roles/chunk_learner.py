@@ -14,9 +14,10 @@ burst, never for the data to stop. (It used to take a lock the loop re-took righ
 locks are not fair, so while updates were owed a save got it only by chance: the 4x H100 freeze, issue 15.)
 
 Weights: every `publish_every` updates the actor's weights are copied off the device without stopping the
-update stream and put in the object store once (versioned) by a publishing thread; a runner gets the newest
-publication with its next ack (`runner.ack.remote(seqs, published)`), and all runners get it at the start,
-after a load and on `push_weights` (a restarted runner).
+update stream and put in the object store once (versioned) by a publishing thread (`rlfarm.sync.WeightPublisher`);
+a runner gets the newest publication with its next ack (`runner.ack.remote(seqs, published)`), and all runners get
+it (`runner.receive_weights.remote(published)`) at the start, after a load and on `push_weights` (a restarted
+runner).
 
 A subclass supplies the algorithm: `_take` (keep a chunk's data), `_updates_owed`, `_update(n)`, and what its
 checkpoints and stats hold beyond the shared counters (`_agent_snapshot`, `_agent_restore`, `_algo_stats`)."""
@@ -35,7 +36,10 @@ import torch
 
 from rlfarm.chunk import Chunk, ChunkMeta
 from rlfarm.roles.common import save_atomic
-from rlfarm.sync.object_store import Publication, publication
+from rlfarm.roles.loop_request import LoopRequest
+from rlfarm.roles.stage_clock import StageClock
+from rlfarm.sync.base import Publication
+from rlfarm.sync.publisher import WeightPublisher
 
 log = logging.getLogger("rlfarm")
 
@@ -47,7 +51,7 @@ STAGES = ("update", "store", "publish", "idle", "checkpoint")
 
 class ChunkLearner:
     """The shared machinery; `agent` has `.actor` (the module runners act with), `.device`, `policy_state()`,
-    `state_dict()` and `load_state_dict()`."""
+    `state_dict()` and `load_state_dict()`. A subclass registers as a learner role (`@role("learner")`)."""
 
     def __init__(self, agent, publish_every: int):
         self.agent, self.publish_every = agent, int(publish_every)
@@ -57,7 +61,7 @@ class ChunkLearner:
         self.quarantined_transitions = 0
         self.unacked: deque[tuple[int, int, int]] = deque()  # (runner, seq, updates required)
         self.runners: list = []
-        self.publisher = WeightPublisher(agent)
+        self.publisher = WeightPublisher(agent.actor.state_dict, agent.device)
         self._handed: dict[int, int] = {}  # runner → newest weight version handed to it (ack or push)
         # Per worker incarnation, so the driver can account for what a worker did before it died:
         # transitions settled (stored or quarantined) per (runner, incarnation), delivered per (labeler, incarnation).
@@ -66,9 +70,7 @@ class ChunkLearner:
         self.duplicate_transitions = 0
         self._stop = threading.Event()
         self.stored = self.duplicates = self.updates = self.version = 0
-        self.stage_s = dict.fromkeys(STAGES, 0.0)
-        self._in_stage: tuple[str, float] | None = None  # (stage, perf_counter at its start)
-        self._stage_lock = threading.Lock()  # stats() reads the times while the loop adds to them
+        self.clock = StageClock(*STAGES)  # stats() reads it while the loop adds to it
         self.last_progress_at = time.time()
         self._quiet = False  # the last wait for data found none
         self._looping = False  # run() is in its loop: requests go to it; otherwise callers serve them
@@ -134,12 +136,12 @@ class ChunkLearner:
             self._looping = True
         try:
             while True:
-                self._timed("checkpoint", self._serve_requests)
+                self.clock.timed("checkpoint", self._serve_requests)
                 stored = self.store_arrived()
                 burst, finished = self._plan(self._updates_owed())
                 if burst:
                     self.update_burst(burst)
-                self._timed("publish", self._ack_paid)
+                self.clock.timed("publish", self._ack_paid)
                 if burst or stored:
                     self.last_progress_at = time.time()
                 if not burst:
@@ -159,46 +161,24 @@ class ChunkLearner:
         """Finish the owed updates on what is stored, then return from run()."""
         self._stop.set()
 
-    def _timed(self, stage: str, work: Callable, *args):
-        started = time.perf_counter()
-        with self._stage_lock:
-            self._in_stage = (stage, started)
-        try:
-            return work(*args)
-        finally:
-            ended = time.perf_counter()
-            with self._stage_lock:
-                self.stage_s[stage] += ended - started
-                self._in_stage = None
-
-    def _stage_times(self) -> dict[str, float]:
-        """Cumulative seconds per stage, the stage in progress counted up to now: a burst longer than the
-        driver's interval (a huge batch, a compile) shows as time updating, not as nothing at all."""
-        with self._stage_lock:
-            times = dict(self.stage_s)
-            if self._in_stage is not None:
-                stage, started = self._in_stage
-                times[stage] += time.perf_counter() - started
-        return times
-
     def store_arrived(self) -> bool:
         """Store every chunk that arrived since the last look (timed as "store"): the loop's step between bursts,
         and what `rlfarm bench learner` repeats beside the bursts; whether anything was stored."""
-        return self._timed("store", self._drain_inbox)
+        return self.clock.timed("store", self._drain_inbox)
 
     def update_burst(self, n: int) -> None:
         """n updates, then the weights published if due: the loop's work per burst (and what
         `rlfarm bench learner` times as the role's speed)."""
         before = self.updates
-        self._timed("update", self._update, n)
-        self._timed("publish", self._publish_if_due, before)
+        self.clock.timed("update", self._update, n)
+        self.clock.timed("publish", self._publish_if_due, before)
 
     def _wait_for_data(self) -> None:
-        labeled = self._timed("idle", self._next_in_inbox)
+        labeled = self.clock.timed("idle", self._next_in_inbox)
         if labeled is None:
             self._quiet = True
         elif labeled:  # an empty list only wakes the loop (a request is waiting)
-            self._timed("store", self._store, labeled)
+            self.clock.timed("store", self._store, labeled)
             self.last_progress_at = time.time()
 
     def _next_in_inbox(self) -> list | None:
@@ -282,9 +262,14 @@ class ChunkLearner:
             self._handed[index] = published[1]
             runner.receive_weights.remote(published)
 
+    def publish(self) -> Publication:
+        """The newest publication (the runners get it with their acks and from `push_weights`)."""
+        return self.publisher.published
+
     # -- reporting / persistence ---------------------------------------------------------------------
     def stats(self) -> dict:
         metrics = {k: float(v) for k, v in self._last_metrics.items()}
+        stage_s = self.clock.snapshot()  # the stage in progress counted up to now: a long burst shows as updating
         staleness, self._staleness = self._staleness, []
         (labeled, env, gap, count), self._reward_sums = self._reward_sums, np.zeros(4)
         rewards = {"labeled_reward_mean": labeled / count, "env_reward_mean": env / count,
@@ -294,12 +279,12 @@ class ChunkLearner:
                 "settled_by_runner": dict(self.settled_by_runner),
                 "delivered_by_labeler": dict(self.delivered_by_labeler),
                 "quarantined": self.quarantined_transitions, "policy_version": self.version,
-                "update_time_s": self.stage_s["update"], "stage_s": self._stage_times(),
+                "update_time_s": stage_s["update"], "stage_s": stage_s,
                 "last_progress_at": self.last_progress_at, "owed": max(self._updates_owed(), 0),
                 "policy_staleness": float(np.mean(staleness)) if staleness else 0.0, "device": str(self.device),
                 **rewards, **metrics, **self._algo_stats()}
 
-    def save(self, path: str, with_buffer: bool = True, extra: dict | None = None) -> str:
+    def save(self, path: str, extra: dict | None = None, with_buffer: bool = True) -> str:
         """Atomic checkpoint (write a temp file, then rename): the agent, counters, stored chunk ids, RNG states,
         the algorithm's data (a replay buffer, optional) and the driver's `extra` state.
 
@@ -365,105 +350,6 @@ class ChunkLearner:
             requests, self._requests = self._requests, []
         for request in requests:
             request.serve()
-
-
-class LoopRequest:
-    """Work for the update loop, run once by whoever takes it first: the loop, or the caller withdrawing it."""
-
-    def __init__(self, work: Callable):
-        self._work, self._done, self._lock = work, threading.Event(), threading.Lock()
-        self._taken, self._value, self._error = False, None, None
-
-    def withdraw(self) -> bool:
-        """Take it back before the loop started it (True), or find it started (False: wait for it)."""
-        with self._lock:
-            taken, self._taken = self._taken, True
-        return not taken
-
-    def serve(self) -> None:
-        if not self.withdraw():
-            return
-        try:
-            self._value = self._work()
-        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
-            self._error = error
-        finally:
-            self._done.set()
-
-    def wait(self, timeout: float | None) -> bool:
-        return self._done.wait(timeout)
-
-    def result(self):
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
-class WeightPublisher:
-    """The actor's weights to the object store without stalling the update stream.
-
-    Why this shape: a plain `.cpu()` of a CUDA tensor waits for every queued update to finish, so publishing
-    every few updates emptied the GPU's queue each time and the learner ran at a fraction of its bench speed.
-    Here the update thread only queues copies into pinned host buffers behind the updates (same stream, so
-    they see the weights as of that point) and records an event; a publishing thread waits for the event and
-    does the `ray.put`. One offer waits at most: a newer offer replaces one not yet taken, so a slow object
-    store makes publications rarer, never the updates slower. On CPU the copy is a memcpy and there is no
-    event; the put is still off the update thread."""
-
-    def __init__(self, agent):
-        self.agent = agent
-        self.published: Publication | None = None
-        self._pending: tuple[int, int, dict, torch.cuda.Event | None] | None = None  # (generation, version, ...)
-        self._generation = 0  # publish_now() starts a new one: offers made before it are dropped
-        self._cond = threading.Condition()
-        self._closed = False
-        self._thread: threading.Thread | None = None
-
-    def offer(self, version: int) -> None:
-        """On the update thread: start copying the weights off the device as `version`; published soon."""
-        state = self.agent.actor.state_dict()
-        on_cuda = self.agent.device.type == "cuda"
-        copies = {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=on_cuda).copy_(t.detach(), non_blocking=True)
-                  for name, t in state.items()}
-        event = None
-        if on_cuda:
-            event = torch.cuda.Event()
-            event.record()
-        with self._cond:
-            self._pending = (self._generation, version, copies, event)
-            self._cond.notify()
-            if self._thread is None or self._closed:  # first offer, or one after close() (run() again)
-                self._closed = False
-                self._thread = threading.Thread(target=self._publish_offers, name="weight-publisher", daemon=True)
-                self._thread.start()
-
-    def publish_now(self, version: int) -> None:
-        """Publish the current weights as `version` before returning (start, load); drops unfinished offers."""
-        state = self.agent.policy_state()
-        with self._cond:
-            self._generation += 1
-            self._pending = None
-            self.published = publication(state, version)
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-
-    def _publish_offers(self) -> None:
-        while True:
-            with self._cond:
-                while self._pending is None and not self._closed:
-                    self._cond.wait()
-                if self._pending is None:
-                    return
-                (generation, version, copies, event), self._pending = self._pending, None
-            if event is not None:
-                event.synchronize()
-            put = publication(copies, version)
-            with self._cond:  # not one made before publish_now(), nor one older than what is out already
-                if generation == self._generation and (self.published is None or version > self.published[1]):
-                    self.published = put
 
 
 def cpu_copy(tree):

@@ -30,12 +30,12 @@ from dataclasses import replace
 import numpy as np
 import ray
 import torch
-import torch.distributed as dist
 
 from rlfarm.algos.grpo import group_advantages
 from rlfarm.algos.grpo_lm import GRPOConfig, rollout_metrics, update_policy
 from rlfarm.data import Rollout, concat_rollouts
 from rlfarm.data_parallel import full_tensors, is_sharded, join_data_parallel, shard_model, wrap_data_parallel
+from rlfarm.engines.base import load_into
 from rlfarm.engines.hf import HFEngine
 from rlfarm.engines.sampling import Rows
 from rlfarm.envs.text_tasks import DigitTokenizer, TextTaskSpec, text_task, text_tokenizer
@@ -44,8 +44,8 @@ from rlfarm.rewards.rollouts import score_rollout
 from rlfarm.rewards.verifiers import get_verifier
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic, serve_rendezvous_here
 from rlfarm.roles.value_critic import ValueCritic
-from rlfarm.sync import HostSender, PassThroughReceiver, WeightReceiver, WeightSender, load_into
-from rlfarm.sync.transport import open_receiver, open_sender, uses_group
+from rlfarm.sync import HostSender, PassThroughReceiver, WeightReceiver, WeightSender
+from rlfarm.sync.transport import SenderSetup, open_receiver
 
 
 def _policy(cfg: GRPOConfig, lora: bool = True) -> torch.nn.Module:
@@ -196,7 +196,7 @@ class LMLearner:
             self.critic = ValueCritic(_policy(cfg, lora=False), self.cfg, self.compute_dtype)
         self.version = 0
         self.sender: WeightSender = HostSender()  # the object store, until `join_sync` builds another
-        self._sync: tuple[str, int, dist.TCPStore | None] | None = None  # open_sync: transport, size, rendezvous
+        self._sync: SenderSetup | None = None  # open_sync's half of the handshake
         self._gathered: dict[str, torch.Tensor] = {}  # under FSDP, rank 0: the whole trainable tensors
         self.publish_s = 0.0  # the last `publish`'s time, reported with the next update
 
@@ -226,16 +226,14 @@ class LMLearner:
         """A publishing rank (rank 0; under IPC each rank sharing an engine's GPU), once: start the weight sync to
         `engines` engines by `transport`. Returns the address they join (`EngineRole.open_sync`) when the
         transport is a process group (None otherwise)."""
-        rendezvous, address = serve_rendezvous_here(1 + engines) if uses_group(transport) else (None, None)
         if self.rank and is_sharded(self.model):  # its gathered tensors were dropped (`_gather`)
             raise ValueError("under FSDP only learner rank 0 publishes weights")
-        self._sync = (transport, 1 + engines, rendezvous)
-        return address
+        self._sync = SenderSetup(transport, engines)
+        return self._sync.address
 
     def join_sync(self) -> None:
         """Build the sender, once, while the engines run their `open_sync` (a broadcast: all join the group)."""
-        transport, world_size, rendezvous = self._sync
-        self.sender = open_sender(transport, self._published(), self.cfg.device, rendezvous, world_size)
+        self.sender = self._sync.open(self._published(), self.cfg.device)
 
     def publish(self) -> tuple[object, int]:
         """Send the trainable tensors to the engines; returns (what each engine's `receive` reads: the host

@@ -15,12 +15,14 @@ from rlfarm.algos.sac_graph import ReplayUpdates
 from rlfarm.buffers.replay import ReplayBuffer
 from rlfarm.buffers.sampler import UniformSampler
 from rlfarm.buffers.storage import TensorStorage
-from rlfarm.roles.chunk_learner import UPDATES_PER_BURST, ChunkLearner, WeightPublisher, cpu_copy  # noqa: F401
+from rlfarm.roles.base import role
+from rlfarm.roles.chunk_learner import UPDATES_PER_BURST, ChunkLearner, cpu_copy
 from rlfarm.roles.common import assigned_device, limit_threads, seed_everything
 
 GRAPHED_BURST = 32     # with CUDA graphs (8 updates per replay) a burst of 8 is short: look less often
 
 
+@role("learner")
 class SACLearner(ChunkLearner):
     def __init__(self, algo_cfg: dict, model_cfg: dict, spaces: dict, seed: int, threads: int = 1,
                  device: str | None = None):

@@ -1,8 +1,8 @@
 """VLA roles for GRPO (SimpleVLA-RL's recipe) and PPO on a simulator: a rollout worker and a learner.
 
 `VLARolloutWorker` holds its envs (action-chunk wrapped) and the policy's instruction tokenizer; it builds a copy of the
-policy on first use, unless an inference server samples its actions (`set_server`). `collect(weights, seeds)`
-plays G episodes from each seed's initial state (a GRPO group: same seed, different action samples) and
+policy on first use, unless an inference server samples its actions (`set_server`). Weights arrive by
+`receive_weights(published)` (a runner role: the driver calls it before each rollout); `collect(seeds)` plays G episodes from each seed's initial state (a GRPO group: same seed, different action samples) and
 returns what the learner needs: per policy call the observation, the sampled action tokens and their
 log-probabilities at the rollout temperature (π_old), and per episode the binary success.
 
@@ -17,7 +17,8 @@ inference leaves the CPU free. The layout keeps inference in one place so that i
 role that batches many workers (SEED-RL style) without changing the data the learner sees.
 
 `VLALearner` turns episode successes into group advantages and runs the clipped token-level GRPO loss of
-`rlfarm.algos.grpo` on every action token of the kept groups' policy calls (`rlfarm.algos.vla`).
+`rlfarm.algos.grpo` on every action token of the kept groups' policy calls (`rlfarm.algos.vla`). Its `stats` answer
+from a thread of their own during an update, so the driver's deadline on an update is one on the learner's liveness.
 """
 from __future__ import annotations
 
@@ -37,9 +38,11 @@ from rlfarm.envs.vla_tasks import instruction_vocabulary, make_vla_task
 from rlfarm.models.lm import trainable_state_dict
 from rlfarm.models.vla import (HFInstructionTokenizer, HFVLAActions, InstructionTokenizer, TinyVLA,
                                load_hf_vla_actions, tiny_vla)
+from rlfarm.roles.base import role
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic
-from rlfarm.sync.object_store import HeldWeights, Publication, publication
-from rlfarm.sync.local import HostSender
+from rlfarm.roles.stage_clock import StageClock
+from rlfarm.sync.base import Publication
+from rlfarm.sync.object_store import HeldWeights, ObjectStoreSender
 
 BATCH_ARRAYS = ("image", "words", "proprio", "tokens", "logprobs", "called", "success", "steps")
 
@@ -100,6 +103,7 @@ def policy_inputs(tokenizer, images, instructions, proprios, device="cpu"):
             torch.as_tensor(np.stack(proprios), device=device))
 
 
+@role("runner")
 class VLARolloutWorker:
     def __init__(self, cfg: VLAConfig, groups: int, index: int = 0, threads: int = 1, device: str | None = None):
         """`device`: where inference runs; None takes the GPU Ray gave this worker, if any, else the CPU."""
@@ -142,9 +146,15 @@ class VLARolloutWorker:
     def _moved(self) -> None:
         self._moved_at = time.monotonic()
 
-    def load_weights(self, weights: Publication | None) -> None:
-        """The learner's `publish` (None: keep the weights held); loaded only if newer than those."""
-        self.weights.load_newer(weights, self._load_trainable)
+    def receive_weights(self, published: Publication | None) -> int:
+        """The learner's `publish` (None: keep the weights held); returns the version now held. Without a server the
+        policy copy loads it if newer. With one, the driver has loaded it into the server first: the worker only
+        holds its version, and an answer sampled with older weights means a restarted server that lost them."""
+        if self.server is None:
+            self.weights.load_newer(published, self._load_trainable)
+        elif published is not None:
+            self.weights.version = max(self.weights.version, published[1])
+        return self.weights.version
 
     def _load_trainable(self, state: dict[str, torch.Tensor]) -> None:
         load_trainable(self._local_policy(), state)
@@ -159,13 +169,10 @@ class VLARolloutWorker:
         which then only encodes instructions."""
         self.server = server
 
-    def collect(self, weights: Publication | None, seeds: list[int]) -> tuple[dict[str, Any], dict[str, float]]:
-        """G episodes per seed. Returns (batch, stats): batch arrays are [N, C, ...] per policy call or [N] per
-        episode (N = len(seeds) × G, C = calls per episode at most); stats hold the time breakdown."""
-        if self.server is None:
-            self.load_weights(weights)
-        # the driver loads these weights into the server before any rollout: an older answer means a restarted server
-        self._expected_version = weights[1] if weights is not None else 0
+    def collect(self, seeds: list[int]) -> tuple[dict[str, Any], dict[str, float]]:
+        """G episodes per seed, with the weights held (`receive_weights`). Returns (batch, stats): batch arrays are
+        [N, C, ...] per policy call or [N] per episode (N = len(seeds) × G, C = calls per episode at most); stats hold
+        the time breakdown."""
         self._versions: list[int] = []  # of the weights that sampled each call (the server's, when there is one)
         size = self.cfg.group_size
         if len(seeds) * size != len(self.envs):
@@ -228,9 +235,9 @@ class VLARolloutWorker:
                 raise InferenceServerLost(f"its inference server died: {str(error).splitlines()[0]}") from None
             finally:
                 self._in_server_call = False
-            if version < self._expected_version:
+            if version < self.weights.version:
                 raise InferenceServerLost(f"its inference server sampled with weights v{version}, not "
-                                          f"v{self._expected_version}: it was restarted and lost them")
+                                          f"v{self.weights.version}: it was restarted and lost them")
             tokens, logprobs = torch.tensor(tokens), torch.tensor(logprobs)  # copies: Ray hands read-only arrays
         else:
             tokens, logprobs = self._local_policy().sample(*(t.to(self.device) for t in inputs), self.cfg.temperature,
@@ -271,11 +278,18 @@ def remote_worker_class():
     return ray.remote(concurrency_groups={"watch": 1})(VLARolloutWorker)
 
 
+def remote_learner_class():
+    """VLALearner as a Ray actor class: `stats` answers from its own "watch" thread during an update, so the driver's
+    wait on an update has a deadline on the learner's liveness (a stopped or hung process answers nothing)."""
+    return ray.remote(concurrency_groups={"watch": 1})(VLALearner)
+
+
 def merge_batches(batches: list[dict]) -> dict:
     return {name: np.concatenate([b[name] for b in batches]) for name in BATCH_ARRAYS} | \
         {"version": min(b["version"] for b in batches)}
 
 
+@role("learner")
 class VLALearner:
     def __init__(self, cfg: VLAConfig, shapes: dict[str, int] | None = None, threads: int = 1):
         """`shapes`: a worker's `shapes()`, so the learner need not build an env (a ManiSkill one starts a
@@ -290,18 +304,30 @@ class VLALearner:
         trained = [self.model] + ([self.critic] if self.critic is not None else [])
         self.optimizer = torch.optim.AdamW([p for net in trained for p in net.parameters() if p.requires_grad],
                                            lr=cfg.lr, weight_decay=0.0)  # under LoRA, only the adapters (+ value head)
-        self.version = 0
+        self.sender = ObjectStoreSender()  # counts the weight versions
+        self.clock = StageClock("update", "publish")
+        self.updates = 0
 
+    @property
+    def version(self) -> int:
+        return self.sender.version
+
+    @ray.method(concurrency_group="watch")
     def stats(self) -> dict:
-        return {"pid": os.getpid(), "version": self.version}
+        return {"pid": os.getpid(), "policy_version": self.version, "updates": self.updates,
+                "stage_s": self.clock.snapshot()}
 
     def publish(self) -> Publication:
-        """The trainable tensors (LoRA adapters only, under LoRA: a small part of an HF VLA), as CPU copies."""
-        self.version += 1
-        return publication(HostSender().send(trainable_state_dict(self.model)), self.version)
+        """The trainable tensors (LoRA adapters only, under LoRA: a small part of an HF VLA), as CPU copies put once:
+        `([ref], version)`."""
+        return self.clock.timed("publish", self.sender.publish, trainable_state_dict(self.model))
 
     def update(self, *batches: dict) -> dict[str, float]:
-        batch = merge_batches(list(batches))
+        metrics = self.clock.timed("update", self._update, merge_batches(list(batches)))
+        self.updates += 1
+        return metrics
+
+    def _update(self, batch: dict) -> dict[str, float]:
         valid = torch.as_tensor(batch["called"])
         metrics = {"success_rate": float(batch["success"].mean()),
                    "episode_steps": float(batch["steps"].mean()), "staleness": self.version - int(batch["version"]),
@@ -329,6 +355,6 @@ class VLALearner:
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.version = int(state["version"])
+        self.sender.version = int(state["version"])
         torch.set_rng_state(state["torch_rng"].cpu())
         return dict(state["extra"])

@@ -4,12 +4,13 @@ Rollout workers send one policy call's observations (picture, instruction tokens
 sampled action tokens and their log-probabilities. The server queues the requests of all its workers and runs the
 policy once per batch: a batch fires when `max_batch` observations are waiting or `max_wait_ms` after its first
 request arrived, like the labelers' bus. One thread runs the policy; weights arrive by the same versioned
-publication the workers take (`load_weights`, between rollouts), and every answer says which version sampled it.
+publication the workers take (`receive_weights`, an engine role's one way in, between rollouts), and every answer says
+which version sampled it.
 A worker keeps its two env groups double-buffered: while it waits for one group's answer, its env thread steps the
 other group, so the server gets requests from every worker's groups in turn and sees large batches.
 
-What it records (`stats`): batches, requests and observations served, the busy time of the policy thread, and the
-largest batch, so the driver can report how full the batches were and how busy the server was.
+What it records (`stats`): batches, requests and observations served, the busy time of the policy thread (its
+"infer" stage; "idle" while it waits for requests), and the largest batch, so the driver can report how full the batches were and how busy the server was.
 
 Speed (issue 17), both on a GPU only, where the loaded checkpoint is an HF VLA (`model.source`):
 - `dtype="auto"` runs the HF model in bfloat16 (the learner keeps its float32 copy; published weights are cast on
@@ -29,14 +30,18 @@ import threading
 import time
 
 import numpy as np
+import ray
 import torch
 
 from rlfarm.algos.vla import VLAConfig
 from rlfarm.models.gqa_decoding import use_packed_gqa_decoding
 from rlfarm.models.vla import sample_action_token
+from rlfarm.roles.base import role
 from rlfarm.roles.common import assigned_device, limit_threads
-from rlfarm.sync.object_store import HeldWeights, Publication
+from rlfarm.roles.stage_clock import StageClock
 from rlfarm.roles.vla import build_policy, load_trainable
+from rlfarm.sync.base import Publication
+from rlfarm.sync.object_store import HeldWeights
 
 GRAPH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)  # batch sizes decoding is captured for (up to max_batch)
 
@@ -69,6 +74,7 @@ class _Request:
         self.error: BaseException | None = None
 
 
+@role("engine")
 class VLAInferenceServer:
     def __init__(self, cfg: VLAConfig, shapes: dict[str, int], max_batch: int = 256, max_wait_ms: float = 5.0,
                  threads: int = 1, device: str | None = None, dtype: str = "auto", graphs: bool = False):
@@ -85,13 +91,13 @@ class VLAInferenceServer:
         self._requests: queue.Queue[_Request] = queue.Queue()
         self._policy_lock = threading.Lock()  # a weight load never lands in the middle of a batch
         self.batches = self.requests = self.observations = self.largest = 0
-        self.busy_s, self.started = 0.0, time.perf_counter()
+        self.clock, self.started = StageClock("idle", "infer"), time.perf_counter()
         threading.Thread(target=self._serve, name="vla-inference", daemon=True).start()
 
-    def load_weights(self, weights: Publication | None) -> int:
+    def receive_weights(self, published: Publication | None) -> int:
         """The learner's publication (loaded if newer than the held one); returns the version now held."""
         with self._policy_lock:
-            self.weights.load_newer(weights, lambda state: load_trainable(self.policy, state))
+            self.weights.load_newer(published, lambda state: load_trainable(self.policy, state))
         return self.weights.version
 
     def sample(self, image: np.ndarray, words: np.ndarray, proprio: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -105,25 +111,23 @@ class VLAInferenceServer:
         return request.result
 
     def stats(self) -> dict:
-        wall = time.perf_counter() - self.started
+        wall, stage_s = time.perf_counter() - self.started, self.clock.snapshot()
         return {"pid": os.getpid(), "batches": self.batches, "requests": self.requests, "observations": self.observations,
-                "largest_batch": self.largest, "busy_s": self.busy_s, "wall_s": wall,
+                "largest_batch": self.largest, "busy_s": stage_s["infer"], "wall_s": wall, "stage_s": stage_s,
                 "policy_version": self.weights.version, "dtype": self.dtype, "graphs": self.graphs}
 
     # -- the policy thread ----------------------------------------------------------------------------
     def _serve(self) -> None:
         while True:
-            batch = self._gather()
-            started = time.perf_counter()
+            batch = self.clock.timed("idle", self._gather)
             try:
-                self._run(batch)
+                self.clock.timed("infer", self._run, batch)
             except BaseException as error:  # noqa: BLE001 - each waiting worker gets it raised in its call
                 for request in batch:
                     request.error = error
             finally:
                 for request in batch:
                     request.done.set()
-            self.busy_s += time.perf_counter() - started
 
     def _gather(self) -> list[_Request]:
         """Requests until max_batch observations wait or max_wait has passed since the first one came."""
@@ -159,6 +163,11 @@ class VLAInferenceServer:
         self.requests += len(batch)
         self.observations += at
         self.largest = max(self.largest, at)
+
+
+def remote_server_class():
+    """VLAInferenceServer as a Ray actor class (the caller sets `max_concurrency`: every worker's waiting calls)."""
+    return ray.remote(VLAInferenceServer)
 
 
 class GraphedDecoding:

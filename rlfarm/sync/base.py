@@ -1,5 +1,7 @@
-"""The two ends of a weight sync. A sender publishes a state dict (name → tensor); a receiver hands the
-tensors to whoever loads them, in parts, so a transport can reuse a small receive buffer."""
+"""The two ends of a weight sync, whatever the transport. A sender publishes a state dict (name → tensor) as the
+next version; a receiver hands the tensors to whoever loads them, in parts, so a transport can reuse a small
+receive buffer. Loading the parts into a generation engine is the engine's side (`rlfarm.engines.base.load_into`):
+`sync/` knows tensors and versions, not engines or roles."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -8,14 +10,24 @@ from typing import Any
 
 import torch
 
-from rlfarm.engines.base import Engine
+Publication = tuple[Any, int]  # (what each receiver reads: a boxed ref, IPC handles, None over a broadcast; version)
 
 
 class WeightSender(ABC):
+    """One per learner (its publishing rank): `version` is the run's one weight-version counter, counted here, where
+    the weights leave, and restored from a checkpoint (`version = ...`)."""
+
+    version: int = 0
+
     @abstractmethod
     def send(self, state: Mapping[str, torch.Tensor]) -> Any:
-        """Publish `state`. Returns what the caller must hand to each receiver (None when the transport itself
+        """Move `state`. Returns what the caller must hand to each receiver (None when the transport itself
         carries the tensors)."""
+
+    def publish(self, state: Mapping[str, torch.Tensor]) -> Publication:
+        """Send `state` as the next version: (what the receivers read, that version)."""
+        self.version += 1
+        return self.send(state), self.version
 
 
 class WeightReceiver(ABC):
@@ -29,17 +41,7 @@ class WeightReceiver(ABC):
 
 
 class PassThroughReceiver(WeightReceiver):
-    """For transports whose payload already is the state dict (object store, in place): one part."""
+    """For a payload that already is the state dict (in place, or host copies handed over as they are): one part."""
 
     def receive(self, sent: Any = None) -> Iterator[dict[str, torch.Tensor]]:
         yield dict(sent)
-
-
-def load_into(engine: Engine, receiver: WeightReceiver, sent: Any, version: int) -> int:
-    """Receive every part into `engine` and tag its later rollouts with `version`. Returns the bytes loaded."""
-    loaded = 0
-    for part in receiver.receive(sent):
-        engine.update_weights(part, version)
-        loaded += sum(t.numel() * t.element_size() for t in part.values())
-    engine.weight_version = version
-    return loaded

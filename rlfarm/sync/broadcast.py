@@ -51,6 +51,15 @@ def serve_rendezvous(world_size: int, host: str = "127.0.0.1", timeout_s: float 
                          wait_for_workers=False)
 
 
+def serve_rendezvous_on_node(world_size: int) -> tuple[dist.TCPStore, str]:
+    """`serve_rendezvous` on this Ray node's address (loopback outside Ray): (the store, the "host:port" to join)."""
+    import ray
+
+    host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+    store = serve_rendezvous(world_size, host=host)
+    return store, f"{host}:{store.port}"
+
+
 def join_group(rendezvous: dist.TCPStore | str, rank: int, world_size: int, device: torch.device | str,
                timeout_s: float = 300) -> SyncGroup:
     """Join the group (every member calls this at the same time): rank 0 passes the store from

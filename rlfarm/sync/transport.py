@@ -9,11 +9,11 @@ import torch
 import torch.distributed as dist
 
 from rlfarm.errors import ConfigError
-from rlfarm.sync.base import PassThroughReceiver, WeightReceiver, WeightSender
-from rlfarm.sync.broadcast import BroadcastReceiver, BroadcastSender, join_group
+from rlfarm.sync.base import WeightReceiver, WeightSender
+from rlfarm.sync.broadcast import BroadcastReceiver, BroadcastSender, join_group, serve_rendezvous_on_node
 from rlfarm.sync.buckets import plan_layout
 from rlfarm.sync.ipc import IpcReceiver, IpcSender
-from rlfarm.sync.local import HostSender
+from rlfarm.sync.object_store import ObjectStoreReceiver, ObjectStoreSender
 
 TRANSPORTS = ("object_store", "broadcast", "ipc")
 SYNC_BUCKET_BYTES = 256 * 2**20  # broadcast bucket size: the fastest of those measured (docs/benchmarks.md, P5)
@@ -47,7 +47,7 @@ def open_sender(transport: str, state: Mapping[str, torch.Tensor], device: torch
         return BroadcastSender(join_group(rendezvous, 0, world_size, device), plan_layout(state, SYNC_BUCKET_BYTES))
     if transport == "ipc":
         return IpcSender(state, device)
-    return HostSender()  # object store: CPU copies, which Ray stores once as the learner call's result
+    return ObjectStoreSender()  # CPU copies, put once; the engines fetch the boxed ref
 
 
 def open_receiver(transport: str, device: torch.device | str, address: str | None = None, rank: int = 1,
@@ -57,4 +57,20 @@ def open_receiver(transport: str, device: torch.device | str, address: str | Non
         return BroadcastReceiver(join_group(address, rank, world_size, device))
     if transport == "ipc":
         return IpcReceiver(device)
-    return PassThroughReceiver()
+    return ObjectStoreReceiver()
+
+
+class SenderSetup:
+    """The learner's half of the set-up handshake, the one builder of a sync's sending end:
+        setup = SenderSetup(transport, receivers)   # serves the group's rendezvous when the transport has one
+        → every receiver's `open_receiver(transport, device, setup.address, rank, world_size)`, at the same time as
+        → `sender = setup.open(state, device)`      # a broadcast: all members join the group together
+    `address` is what the receivers join (None when the transport needs no group)."""
+
+    def __init__(self, transport: str, receivers: int = 1):
+        self.transport, self.world_size = transport, 1 + int(receivers)
+        self.rendezvous, self.address = (serve_rendezvous_on_node(self.world_size) if uses_group(transport)
+                                         else (None, None))
+
+    def open(self, state: Mapping[str, torch.Tensor], device: torch.device | str) -> WeightSender:
+        return open_sender(self.transport, state, device, self.rendezvous, self.world_size)

@@ -19,7 +19,7 @@ def worker():
 
 
 def test_groups_share_their_initial_state_and_instruction(worker):
-    batch, stats = worker.collect(None, seeds=[11, 12])
+    batch, stats = worker.collect(seeds=[11, 12])
     first = batch["image"][:, 0]
     words = batch["words"][:, 0]
     for group in (slice(0, 4), slice(4, 8)):
@@ -39,8 +39,8 @@ def test_rollout_logprobs_equal_the_learners(worker):
     with torch.no_grad():  # move away from the uniform start so that the comparison means something
         for p in learner.model.parameters():
             p.add_(torch.randn_like(p) * 0.2)
-    worker.load_weights(learner.publish())
-    batch, _ = worker.collect(None, seeds=[5, 6])
+    worker.receive_weights(learner.publish())
+    batch, _ = worker.collect(seeds=[5, 6])
     rows = batch["called"]
     model = learner.model
     image, words, proprio = (torch.as_tensor(batch[k][rows]) for k in ("image", "words", "proprio"))
@@ -65,8 +65,8 @@ def test_under_lora_the_learner_sends_only_adapters_and_the_worker_then_matches_
         (state,), version = learner.publish()
         assert state and all("lora_" in name for name in state) and version == 1
         assert sum(t.numel() for t in state.values()) < sum(p.numel() for p in learner.model.parameters()) / 10
-        worker.load_weights(([state], version))
-        batch, _ = worker.collect(None, seeds=[5])
+        worker.receive_weights(([state], version))
+        batch, _ = worker.collect(seeds=[5])
     finally:
         worker.close()
     rows = batch["called"]
@@ -76,14 +76,14 @@ def test_under_lora_the_learner_sends_only_adapters_and_the_worker_then_matches_
                                                   cfg.temperature)
     assert (recomputed - torch.as_tensor(batch["logprobs"][rows])).abs().max() < 1e-4
     with pytest.raises(KeyError, match="no tensor"):
-        worker.load_weights(([{"not_a_weight": torch.zeros(1)}], version + 1))
+        worker.receive_weights(([{"not_a_weight": torch.zeros(1)}], version + 1))
 
 
 @pytest.mark.parametrize("pipeline", [True, False])
 def test_breakdown_is_reported(pipeline):
     worker = VLARolloutWorker(VLAConfig(groups_per_update=2, group_size=4, model={"width": 32}, pipeline=pipeline),
                               groups=2)
-    _, stats = worker.collect(None, seeds=[1, 2])
+    _, stats = worker.collect(seeds=[1, 2])
     worker.close()
     assert stats["env_s"] > 0 and stats["infer_s"] > 0 and stats["overlap_s"] >= 0
     assert stats["env_s"] + stats["infer_s"] - stats["overlap_s"] <= stats["rollout_s"] + 1e-6
@@ -102,11 +102,14 @@ def test_dynamic_sampling_keeps_groups_strictly_inside_the_bounds():
 
 def test_learner_updates_only_on_groups_with_signal():
     learner, worker = VLALearner(CFG), VLARolloutWorker(CFG, groups=2)  # a fresh pair: both at version 0
-    batch, _ = worker.collect(learner.publish(), seeds=[21, 22])
+    assert worker.receive_weights(learner.publish()) == 1
+    batch, _ = worker.collect(seeds=[21, 22])
     worker.close()
     before = [p.detach().clone() for p in learner.model.parameters()]
     batch["success"] = np.zeros(8, np.float32)  # no signal anywhere: no step
     metrics = learner.update(batch)
+    stats = learner.stats()  # what the driver's deadline on an update asks (from the learner's watch thread)
+    assert stats["updates"] == 1 and stats["policy_version"] == 1 and stats["stage_s"]["update"] > 0
     assert metrics["kept_groups"] == 0 and "loss" not in metrics
     assert all(torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
     batch["success"] = np.array([1, 0, 0, 0, 1, 1, 1, 1], np.float32)  # group 0 has signal, group 1 none
@@ -134,8 +137,8 @@ def test_the_inference_server_batches_concurrent_calls_and_its_logprobs_equal_th
         for p in learner.model.parameters():
             p.add_(torch.randn_like(p) * 0.2)
     server = VLAInferenceServer(CFG, worker.shapes(), max_batch=8, max_wait_ms=5000)  # fires at 8 observations
-    assert server.load_weights(learner.publish()) == 1
-    batch, _ = worker.collect(None, seeds=[5, 6])
+    assert server.receive_weights(learner.publish()) == 1
+    batch, _ = worker.collect(seeds=[5, 6])
     calls = [tuple(batch[k][part, 0] for k in ("image", "words", "proprio")) for part in (slice(0, 4), slice(4, 8))]
     answers = [None, None]
 
@@ -173,7 +176,7 @@ def test_stats_mid_rollout_say_how_long_the_rollout_has_not_moved(worker):
 
     env.step = hanging_step
     try:
-        rollout = threading.Thread(target=worker.collect, args=(None, [11, 12]))
+        rollout = threading.Thread(target=worker.collect, args=([11, 12],))
         rollout.start()
         assert entered.wait(30)
         time.sleep(0.5)

@@ -17,7 +17,9 @@ from omegaconf import OmegaConf
 from helpers import RecordingRunner, read_summary, train
 from rlfarm.config import compose
 from rlfarm.roles import chunk_learner
-from rlfarm.roles.sac_learner import UPDATES_PER_BURST, SACLearner, WeightPublisher
+from rlfarm.roles.chunk_learner import UPDATES_PER_BURST
+from rlfarm.roles.sac_learner import SACLearner
+from rlfarm.sync.publisher import WeightPublisher
 
 OBS, ACT, CHUNK = 5, 2, 32
 TINY = ["algo.batch_size=32", "algo.buffer_size=20000", "algo.learning_starts=64",
@@ -120,7 +122,7 @@ def test_save_is_answered_at_the_next_burst_boundary_while_updates_are_owed(tmp_
             path = str(tmp_path / "step.pt")
             # From a thread of its own, as Ray runs an actor's calls (max_concurrency > 1)
             answered, (before, returned), seconds, _ = call_within(
-                30, lambda: (learner.updates, learner.save(path, True, {"epoch": attempt})))
+                30, lambda: (learner.updates, learner.save(path, {"epoch": attempt}, with_buffer=True)))
             assert answered and returned == path
             took.append(seconds)
             state = torch.load(path, weights_only=True)
@@ -146,7 +148,7 @@ def test_a_loop_stuck_inside_a_burst_is_checkpointed_mid_update(tmp_path, monkey
     assert wait_until(lambda: learner.stored == 3 * CHUNK)
     time.sleep(0.05)  # into the burst (8 updates of ~0.1 s)
     started_at = time.monotonic()
-    path = learner.save(str(tmp_path / "stuck.pt"), False)
+    path = learner.save(str(tmp_path / "stuck.pt"), with_buffer=False)
     took = time.monotonic() - started_at
     updates_then = learner.updates
     finish()
@@ -162,7 +164,7 @@ def test_load_is_served_while_updates_are_owed(tmp_path):
     for seq in range(4):
         source._store([chunk(1000 + seq)])
     source._update(10)
-    path = source.save(str(tmp_path / "source.pt"), True, {"from": "source"})
+    path = source.save(str(tmp_path / "source.pt"), {"from": "source"}, with_buffer=True)
     learner, runners = make_learner()
     finish = started(learner)
     with SteadyFeed(learner):
@@ -193,6 +195,8 @@ def test_weights_travel_with_acks_not_a_fan_out_per_publication():
     assert max(r.newest for r in runners) <= learner.version
     stats = learner.stats()
     assert stats["policy_version"] == learner.version >= result["updates"] // (4 * UPDATES_PER_BURST)
+    published = learner.publish()  # the learner role's newest publication: what the acks carried, or newer
+    assert published is learner.publisher.published and max(r.newest for r in runners) <= published[1] <= learner.version
 
 
 @pytest.mark.parametrize("utd, batch, chunks", [(0.25, 2048, 10), (0.1, 512, 10), (0.29, 64, 10), (2.0, 32, 3)])
@@ -256,7 +260,7 @@ def test_publisher_publishes_the_weights_as_of_the_offer(device):
     """The copy off the device is queued behind the updates and read later by the publishing thread: it holds
     the weights as they were at the offer, not as later updates left them; publish_now supersedes offers."""
     learner, _ = make_learner(device=device)
-    actor, publisher = learner.agent.actor, WeightPublisher(learner.agent)
+    actor, publisher = learner.agent.actor, WeightPublisher(learner.agent.actor.state_dict, learner.agent.device)
     with torch.no_grad():
         for parameter in actor.parameters():
             parameter.fill_(1.0)
@@ -286,7 +290,7 @@ def test_graphed_learner_on_cuda_at_a_large_batch_and_low_ratio(tmp_path):
         for runner in range(2):
             learner.store([chunk(seq, runner=runner, size=64 + 3 * runner)])
     assert wait_until(lambda: learner.updates > 100, 120)
-    path = learner.save(str(tmp_path / "cuda.pt"), True)
+    path = learner.save(str(tmp_path / "cuda.pt"), with_buffer=True)
     result = finish(120)
     stored = 20 * (2 * 64 + 3)
     assert result == {"updates": (stored - 64 + 1) // 4, "stored": stored}

@@ -9,7 +9,8 @@ import torch.multiprocessing as mp
 
 from rlfarm.engines.hf import HFEngine
 from rlfarm.models.lm import causal_lm, trainable_state_dict
-from rlfarm.sync import BroadcastReceiver, BroadcastSender, join_group, load_into, plan_layout, serve_rendezvous
+from rlfarm.engines.base import load_into
+from rlfarm.sync import BroadcastReceiver, BroadcastSender, join_group, plan_layout, serve_rendezvous
 
 TINY = {"model_type": "qwen2", "vocab_size": 40, "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}

@@ -10,7 +10,8 @@ from test_broadcast import PROMPTS, from_bytes, learner_snapshot, perturb, polic
 
 from rlfarm.engines.hf import HFEngine
 from rlfarm.models.lm import trainable_state_dict
-from rlfarm.sync import IpcReceiver, IpcSender, load_into
+from rlfarm.engines.base import load_into
+from rlfarm.sync import IpcReceiver, IpcSender
 
 
 def test_the_sender_needs_a_gpu():
