@@ -20,6 +20,12 @@ import ray
 WATCH = {"watch": 1}  # the concurrency group a role's stats() answers from while its other calls run
 
 
+def watched_actor(cls: type):
+    """`cls` as a Ray actor class whose `stats()` (marked for the "watch" group) answers from a thread of its own
+    while another call runs; its other calls keep one thread, in the order they were made."""
+    return ray.remote(concurrency_groups=WATCH)(cls)
+
+
 class RoleFailed(RuntimeError):
     """A role failed in a way that ends the run; the message is the one line the user reads."""
 

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlfarm.algos.grpo_lm import GRPOConfig
 from rlfarm.envs.text_tasks import TextTaskSpec
 from rlfarm.errors import ConfigError
-from rlfarm.loops.deadlines import WATCH, RoleDied, Watched, WorkerLost, died
+from rlfarm.loops.deadlines import RoleDied, Watched, died, watched_actor
 from rlfarm.loops.llm_layout import WeightSyncPlan, plan_weight_sync, sharing_rank
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
@@ -110,16 +110,16 @@ class LLMLoop(SyncLoop):
         run_cfg = cfg.run
         self.learners = start_learner_group(learner_rank_options(placed, plan.of("learner")), grpo, learner.threads,
                                             dtype, float(run_cfg.role_timeout_s), float(run_cfg.restart_timeout_s),
-                                            lambda: getattr(self, "_preempt", False))
+                                            lambda: self._preempt)
         self.learner = self.learners.lead  # rank 0: publishes weights, saves
         log.info("learner: %d data-parallel rank(s), GPU ids %s; GPU compute dtype %s", len(self.learners.ranks),
                  self.learners.gpu_ids, dtype)
         task = text_task_spec(cfg)
         restartable = {"max_restarts": int(run_cfg.max_restarts), "max_task_retries": 0}
-        self.engines = [ray.remote(concurrency_groups=WATCH)(EngineRole).options(**placed.options(place), **restartable)
+        self.engines = [watched_actor(EngineRole).options(**placed.options(place), **restartable)
                         .remote(grpo, place.threads, dtype, task, (index, len(engines)))
                         for index, place in enumerate(engines)]
-        self.scorers = [ray.remote(concurrency_groups=WATCH)(TextLabeler).options(**placed.options(place), **restartable)
+        self.scorers = [watched_actor(TextLabeler).options(**placed.options(place), **restartable)
                         .remote(grpo, task) for place in scorers]
         self.watched = {**self.learners.watched, **{f"engine {i}": Watched(e) for i, e in enumerate(self.engines)},
                         **{f"labeler {i}": Watched(s) for i, s in enumerate(self.scorers)}}
