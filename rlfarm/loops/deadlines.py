@@ -5,8 +5,8 @@ and `Interrupted` as soon as the run must end (SIGTERM, `run.max_wall_s`), check
 role's death (Ray restarts it, or it is gone) from its own exception. Every family's loop waits through these.
 
 Long work (a generation of long answers, a big update) may rightly take longer than any deadline, so a wait on
-it is given `alive` (name → the role as `Watched`): the deadline is then on the role's liveness, not on the work. While
-the work runs, each role still working is asked `stats()` (answered from its "watch" thread, `WATCH`), and
+it is given `alive` (name → the role as `Watched`): the deadline is then on the role's liveness, not on the work.
+While the work runs, each role still working is asked `stats()` (answered from its "watch" thread, `WATCH`), and
 one whose stats do not come back within `timeout_s` is named, with its pid. A call that fails (a role died) fails
 the wait at once, without waiting for the others."""
 from __future__ import annotations
@@ -19,11 +19,6 @@ import ray
 
 WATCH = {"watch": 1}  # the concurrency group a role's stats() answers from while its other calls run
 
-
-def watched_actor(cls: type):
-    """`cls` as a Ray actor class whose `stats()` (marked for the "watch" group) answers from a thread of its own
-    while another call runs; its other calls keep one thread, in the order they were made."""
-    return ray.remote(concurrency_groups=WATCH)(cls)
 
 
 class RoleFailed(RuntimeError):

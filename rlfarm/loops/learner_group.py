@@ -16,7 +16,7 @@ from typing import Callable
 import ray
 
 from rlfarm.algos.grpo_lm import GRPOConfig
-from rlfarm.loops.deadlines import Watched, ask, watched_actor
+from rlfarm.loops.deadlines import WATCH, Watched, ask
 from rlfarm.roles.llm import LMLearner
 
 
@@ -81,7 +81,7 @@ def start_learner_group(rank_options: list[dict], cfg: GRPOConfig, threads: int 
     group); more than one are joined into a data-parallel group before this returns, each step of that within
     `start_timeout_s` (run.restart_timeout_s: it includes building the model)."""
     world_size = len(rank_options)
-    ranks = [watched_actor(LMLearner).options(**options).remote(cfg, threads, dtype, rank,
+    ranks = [ray.remote(concurrency_groups=WATCH)(LMLearner).options(**options).remote(cfg, threads, dtype, rank,
                                                                                         world_size)
              for rank, options in enumerate(rank_options)]
     if world_size == 1:

@@ -30,11 +30,11 @@ from omegaconf import DictConfig, OmegaConf
 from rlfarm.algos.grpo_lm import GRPOConfig
 from rlfarm.envs.text_tasks import TextTaskSpec
 from rlfarm.errors import ConfigError
-from rlfarm.loops.deadlines import RoleDied, Watched, died, watched_actor
+from rlfarm.loops.deadlines import WATCH, RoleDied, Watched, died
 from rlfarm.loops.llm_layout import WeightSyncPlan, plan_weight_sync, sharing_rank
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
-from rlfarm.loops.learner_group import start_learner_group
+from rlfarm.loops.learner_group import rank_name, start_learner_group
 from rlfarm.roles.llm import EngineRole, TextLabeler
 from rlfarm.run import Run
 from rlfarm.settings import known_fields
@@ -91,13 +91,13 @@ def unfinished(ref: ray.ObjectRef) -> bool:
 
 @dataclass
 class Launched:
-    """One step's rollout in flight: each engine's part and its score, as refs, and the weight version the
-    engines generate it with (the driver's count of the pushes before it)."""
+    """One step's rollout in flight: each engine's part and its score, as refs. The weight version each part was
+    generated with is the learner's (one counter per run: `LMLearner.publish` numbers the weights, an engine
+    stamps the version it received on what it generates), read from the parts' stats."""
     generated: list[ray.ObjectRef]
-    stats: list[ray.ObjectRef]          # per engine: {"generate_s", "tokens"}
+    stats: list[ray.ObjectRef]          # per engine: {"generate_s", "tokens", "policy_version"}
     rewards: list[ray.ObjectRef]
     score_stats: list[ray.ObjectRef]    # per part: {"score_s"}
-    version: int
 
 
 class LLMLoop(SyncLoop):
@@ -116,11 +116,12 @@ class LLMLoop(SyncLoop):
                  self.learners.gpu_ids, dtype)
         task = text_task_spec(cfg)
         restartable = {"max_restarts": int(run_cfg.max_restarts), "max_task_retries": 0}
-        self.engines = [watched_actor(EngineRole).options(**placed.options(place), **restartable)
-                        .remote(grpo, place.threads, dtype, task, (index, len(engines)))
-                        for index, place in enumerate(engines)]
-        self.scorers = [watched_actor(TextLabeler).options(**placed.options(place), **restartable)
-                        .remote(grpo, task) for place in scorers]
+        self.engines = [
+            ray.remote(concurrency_groups=WATCH)(EngineRole).options(**placed.options(place), **restartable).remote(
+                grpo, place.threads, dtype, task, (index, len(engines))) for index, place in enumerate(engines)]
+        self.scorers = [
+            ray.remote(concurrency_groups=WATCH)(TextLabeler).options(**placed.options(place), **restartable).remote(
+                grpo, task) for place in scorers]
         self.watched = {**self.learners.watched, **{f"engine {i}": Watched(e) for i, e in enumerate(self.engines)},
                         **{f"labeler {i}": Watched(s) for i, s in enumerate(self.scorers)}}
         self.max_staleness = int(cfg.algo.get("max_staleness", 0))
@@ -133,7 +134,7 @@ class LLMLoop(SyncLoop):
             set() if uses_group(self.sync_plan.transport) else {f"engine {i}" for i in range(len(self.engines))})
         self.ahead: deque[Launched] = deque()  # rollouts in flight, oldest first
         self._current: Launched | None = None  # the one popped off `ahead`, being waited for
-        self.version = 0  # the weight version pushed last (read from the learner at warm-up)
+        self.version = 0  # the learner's version of the weights pushed last (its counter: read, then followed)
         self._published: dict[int, ray.ObjectRef] = {}  # learner rank → its newest publication
         self._receiving: list[tuple[str, ray.ObjectRef]] = []  # the engines' last receive calls, not yet checked
         self.title = f"rlfarm · {cfg.algo.name} · {cfg.env.task} · {cfg.topology.name}"
@@ -151,17 +152,19 @@ class LLMLoop(SyncLoop):
         Returns the plan and the engines that share a learner rank's GPU (they sleep while the ranks update)."""
         ranks, start_s = self.learners.ranks, float(self.cfg.run.restart_timeout_s)
         ask = lambda calls, what: self._ask(calls, what, start_s)  # noqa: E731 - within start-up's deadline
-        learners = ask([("learner", rank.location.remote()) for rank in ranks], "location")
-        engines = ask([("engine", engine.location.remote()) for engine in self.engines], "location")
-        devices = ask([("learner", rank.device.remote()) for rank in ranks] +
-                      [("engine", e.device.remote()) for e in self.engines], "device")
+        named_ranks = lambda call: [(rank_name(i), call(rank)) for i, rank in enumerate(ranks)]  # noqa: E731
+        named_engines = lambda call: [(f"engine {i}", call(e)) for i, e in enumerate(self.engines)]  # noqa: E731
+        learners = ask(named_ranks(lambda rank: rank.location.remote()), "location")
+        engines = ask(named_engines(lambda engine: engine.location.remote()), "location")
+        devices = ask(named_ranks(lambda rank: rank.device.remote()) +
+                      named_engines(lambda engine: engine.device.remote()), "device")
         sync = plan_weight_sync(choice, learners, engines, on_gpus=all(d.startswith("cuda") for d in devices),
                                 sharded=str(self.cfg.algo.get("data_parallel", "ddp")) == "fsdp")
-        addresses = {rank: ask([("learner", ranks[rank].open_sync.remote(sync.transport, len(sync.engines_of(rank))))],
-                               "open_sync")[0] for rank in sync.ranks}
-        self._sync_addresses = addresses
-        opening = [("learner", ranks[rank].join_sync.remote()) for rank in sync.ranks]
-        opening += [("engine", self._open_engine_sync(sync, index)) for index in range(len(self.engines))]
+        opened = [(rank_name(rank), ranks[rank].open_sync.remote(sync.transport, len(sync.engines_of(rank))))
+                  for rank in sync.ranks]
+        self._sync_addresses = dict(zip(sync.ranks, ask(opened, "open_sync")))
+        opening = [(rank_name(rank), ranks[rank].join_sync.remote()) for rank in sync.ranks]
+        opening += [(f"engine {index}", self._open_engine_sync(sync, index)) for index in range(len(self.engines))]
         ask(opening, "open_sync")
         time_shared = [engine for engine, where in zip(self.engines, engines) if sharing_rank(where, learners) is not None]
         log.info("weight sync learner → %d engine(s): %s%s", len(self.engines), sync.transport,
@@ -176,7 +179,7 @@ class LLMLoop(SyncLoop):
 
     def _launch(self) -> Launched:
         """Every engine generates its part of the next step, and a scorer scores it as soon as it is there."""
-        batch = Launched([], [], [], [], self.version)
+        batch = Launched([], [], [], [])
         for index in range(len(self.engines)):
             for field in (batch.generated, batch.stats, batch.rewards, batch.score_stats):
                 field.append(None)
@@ -209,7 +212,7 @@ class LLMLoop(SyncLoop):
         """A restarted engine: its weight sync opened again, the newest weights, new prompt streams; then every
         part of the steps in flight that the dead engine (or scorer) had not finished is made again."""
         kind, index = name.split()[0], int(name.split()[-1])
-        in_flight = [*self.ahead, *([self._current] if self._current is not None else [])]
+        in_flight = [*([self._current] if self._current is not None else []), *self.ahead]  # oldest first
         if kind == "engine":
             start_s = float(self.cfg.run.restart_timeout_s)
             engine, source = self.engines[index], self.sync_plan.sources[index]
@@ -236,7 +239,7 @@ class LLMLoop(SyncLoop):
                 self.ahead.append(self._launch())
             self._current = batch = self.ahead.popleft()
             stats = self._wait_for(batch)  # a long generation does not delay SIGTERM; a dead engine is restarted
-            if self.version - batch.version <= self.max_staleness:
+            if self.version - min(s["policy_version"] for s in stats) <= self.max_staleness:
                 break
             self.progress.add(dropped_stale=self.samples_per_update)  # too old: never trained on
         self._current = None
@@ -272,22 +275,20 @@ class LLMLoop(SyncLoop):
         # boxed, so each engine's call starts at once: over a broadcast both calls must run to meet
         self._receiving = [(f"engine {i}", engine.receive_weights.remote([self._published[source]]))
                            for i, (engine, source) in enumerate(zip(self.engines, self.sync_plan.sources))]
-        self.version += 1
+        self.version += 1  # what the learner's publish numbers it (`LMLearner.weight_version`); read back when checked
         if wait:
             self._check_receiving()
 
     def _check_receiving(self) -> None:
         """The engines' last receive calls answered (an engine that died meanwhile is restarted with the newest
-        weights), and the publications they read."""
+        weights); the version they hold is the learner's."""
         while self._receiving:
             try:
-                self._ask(self._receiving, "receive_weights")
+                self.version = max(self._ask(self._receiving, "receive_weights"))
                 self._receiving = []
             except RoleDied as death:
                 self._receiving = [(name, ref) for name, ref in self._receiving if name != death.role]
                 self._restarted(death.role)
-        if self._published:
-            self.learners.ask(list(self._published.values()), "publish")
 
     def _record(self, metrics: dict) -> dict:
         progress = self.progress

@@ -13,7 +13,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.envs.spaces import env_policy_dims
-from rlfarm.loops.deadlines import RoleDied, Watched, watched_actor
+from rlfarm.loops.deadlines import WATCH, RoleDied, Watched
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
 from rlfarm.roles.ppo_learner import PPOLearner
@@ -36,13 +36,13 @@ class PPOLoop(SyncLoop):
         plan, seed = placed.plan, int(cfg.seed)
         restartable = {"max_restarts": int(cfg.run.max_restarts), "max_task_retries": 0}
         self.runners = [
-            watched_actor(RolloutRunner).options(**placed.options(p), **restartable).remote(
+            ray.remote(concurrency_groups=WATCH)(RolloutRunner).options(**placed.options(p), **restartable).remote(
                 p.index, as_dict(cfg.env), as_dict(cfg.model.actor), seed, int(cfg.algo.rollout_steps), p.threads)
             for p in plan.of("env_runner")]
         # The spaces come from the env id, not from a runner, so the learner starts while the runners do.
         spaces = env_policy_dims(str(cfg.env.id), as_dict(cfg.env.kwargs) if cfg.env.get("kwargs") else {})
         (learner,) = plan.of("learner")
-        self.learner = watched_actor(PPOLearner).options(**placed.options(learner)).remote(
+        self.learner = ray.remote(concurrency_groups=WATCH)(PPOLearner).options(**placed.options(learner)).remote(
             as_dict(cfg.algo), as_dict(cfg.model.actor), spaces, seed, learner.threads)
         self.envs_per_step = len(self.runners) * int(cfg.env.num_envs)  # env steps per vector step of all runners
         self.title = f"rlfarm · ppo · {cfg.env.id} · {cfg.topology.name}"

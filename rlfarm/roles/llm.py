@@ -122,12 +122,13 @@ class EngineRole:
 
     def generate_with_stats(self) -> tuple[tuple[Rollout, list[str]], dict]:
         """`generate`, and what the driver reads without fetching the rollout (call with num_returns=2):
-        {"generate_s", "tokens"}."""
+        {"generate_s", "tokens", "policy_version": the learner's version of the weights that generated it}."""
         started = time.perf_counter()
         with self.stages.timing("generate"):
             generated = self.generate()
         rollout = generated[0]
-        return generated, {"generate_s": time.perf_counter() - started, "tokens": int(rollout.response_mask.sum())}
+        return generated, {"generate_s": time.perf_counter() - started, "tokens": int(rollout.response_mask.sum()),
+                           "policy_version": rollout.weight_version}
 
     def reseed(self, seed: int) -> None:
         """A resumed run: new prompt and sampling streams, so it does not replay the first run's prompts."""

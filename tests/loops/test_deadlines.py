@@ -10,7 +10,7 @@ import time
 import pytest
 import ray
 
-from rlfarm.loops.deadlines import Interrupted, RoleDied, RoleUnresponsive, Watched, ask, ask_one, watched_actor
+from rlfarm.loops.deadlines import WATCH, Interrupted, RoleDied, RoleUnresponsive, Watched, ask, ask_one
 
 TIMEOUT_S = 1.0
 
@@ -48,7 +48,7 @@ def ray_local():
 
 
 def started(ray) -> tuple:
-    actor = watched_actor(Worker).remote()
+    actor = ray.remote(concurrency_groups=WATCH)(Worker).remote()
     pid = ray.get(actor.stats.remote())["pid"]
     return actor, Watched(actor, pid)
 

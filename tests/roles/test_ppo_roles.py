@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from rlfarm.algos.ppo_trainer import PPOConfig, flatten_for_update, ppo_loss
 from rlfarm.config import compose
 from rlfarm.envs.vector import VectorEnv
-from rlfarm.loops.deadlines import watched_actor
+from rlfarm.loops.deadlines import WATCH
 from rlfarm.roles.ppo_learner import PPOLearner
 from rlfarm.roles.rollout import RolloutRunner
 
@@ -71,9 +71,10 @@ def test_learner_update_lowers_the_loss_and_its_weights_reach_the_runner(ray_cpu
     ray = ray_cpu
     cfg = ppo_cfg("cartpole", "env.num_envs=4", "algo.rollout_steps=32", "algo.epochs=4", "algo.minibatches=2")
     algo, actor = OmegaConf.to_container(cfg.algo), OmegaConf.to_container(cfg.model.actor)
-    runner = watched_actor(RolloutRunner).remote(0, OmegaConf.to_container(cfg.env), actor, 0, 32, 1)
+    runner = ray.remote(concurrency_groups=WATCH)(RolloutRunner).remote(0, OmegaConf.to_container(cfg.env), actor, 0,
+                                                                         32, 1)
     spaces = ray.get(runner.spaces.remote())
-    learner = watched_actor(PPOLearner).remote(algo, actor, spaces, 0, 1)
+    learner = ray.remote(concurrency_groups=WATCH)(PPOLearner).remote(algo, actor, spaces, 0, 1)
     local = runner_for(cfg).policy  # a plain copy of the network, to look at published weights
 
     def published(weights) -> dict:

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from rlfarm.algos.grpo_lm import GRPOConfig
-from rlfarm.loops.deadlines import watched_actor
+from rlfarm.loops.deadlines import WATCH
 from rlfarm.roles.llm import EngineRole, LMLearner, TextLabeler
 
 
@@ -16,9 +16,9 @@ def weights(role, attribute: str):
 def test_broadcast_sync_gives_the_engine_the_learners_weights_each_round(ray_cpu):
     ray = ray_cpu
     cfg = GRPOConfig(prompts_per_step=4, group_size=4, seed=0)
-    learner = watched_actor(LMLearner).remote(cfg)
-    engine = watched_actor(EngineRole).remote(GRPOConfig(prompts_per_step=4, group_size=4, seed=7))  # other weights
-    scorer = watched_actor(TextLabeler).remote(cfg)
+    learner = ray.remote(concurrency_groups=WATCH)(LMLearner).remote(cfg)
+    engine = ray.remote(concurrency_groups=WATCH)(EngineRole).remote(GRPOConfig(prompts_per_step=4, group_size=4, seed=7))  # other weights
+    scorer = ray.remote(concurrency_groups=WATCH)(TextLabeler).remote(cfg)
     address = ray.get(learner.open_sync.remote("broadcast"))
     ray.get([learner.join_sync.remote(), engine.open_sync.remote("broadcast", address)])
     assert ray.get([learner.device.remote(), engine.device.remote()]) == ["cpu", "cpu"]
