@@ -115,3 +115,24 @@ def test_a_killed_grpo_engine_is_restarted_and_the_run_finishes(tmp_path):
     logged = rows(run_dir)
     assert [r["updates"] for r in logged] == list(range(1, updates + 1))  # every step trained once
     assert all(r["staleness"] <= 1 for r in logged)
+
+
+@pytest.mark.slow
+def test_a_killed_ppo_runner_is_restarted_and_the_run_finishes(tmp_path):
+    run_dir = tmp_path / "run"
+    steps = 2 * 2 * 32 * 12  # two runners x env.num_envs x algo.rollout_steps x 12 updates
+    proc = start(run_dir, *PPO, f"total_env_steps={steps}", "topology.roles.env_runner.count=2", "ray.num_cpus=4")
+    try:
+        wait_for(lambda: len(rows(run_dir)) >= 3 and pid_of(run_dir, "env_runner", 1), 300, proc)
+        runner = pid_of(run_dir, "env_runner", 1)
+        os.kill(runner, signal.SIGKILL)
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert proc.returncode == 0, err[-3000:]
+    assert f"env_runner 1 (pid {runner}) died; restarted as pid" in (run_dir / "train.log").read_text()
+    assert pid_of(run_dir, "env_runner", 1) != runner
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] == steps and [r["updates"] for r in rows(run_dir)] == list(range(1, 13))
