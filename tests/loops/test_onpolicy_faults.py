@@ -77,8 +77,9 @@ def test_a_stopped_grpo_learner_ends_the_run_in_one_line_and_the_run_resumes(tmp
     proc = start(run_dir, *args)
     stop_learner_and_expect_one_line(run_dir, proc, after_rows=5)
     assert list((run_dir / "checkpoints").glob("step_*.pt")), "no periodic checkpoint to resume from"
-    out = subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", f"hydra.run.dir={run_dir}", *args,
-                          "resume=auto"], capture_output=True, text=True, env=ENV, timeout=600)
+    # the command the line gave, as the user would type it
+    out = subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", f"resume={run_dir}"], capture_output=True,
+                         text=True, env=ENV, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "resumed from" in (run_dir / "train.log").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
