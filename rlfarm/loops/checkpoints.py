@@ -35,6 +35,7 @@ class PeriodicCheckpoints:
     and `schedule_checkpoints_from(updates)` on resume."""
 
     checkpoint_late_s: float | None = None  # warn once about a periodic checkpoint in flight this long
+    _preempt = False  # SIGTERM arrived (also while the roles start, before `_start_checkpoints`)
 
     def _start_checkpoints(self, updates: int = 0) -> None:
         self._preempt = False

@@ -5,14 +5,18 @@ learner → engines by the weight sync chosen once at start (`algo.weight_sync`,
 N engines (`topology.roles.engine.count`) split each step's prompts (data-parallel rollout); the learner
 joins their parts in engine order, and each part is scored by a scorer (labeler) of its own, round-robin.
 A learner role holding N > 1 GPUs (one N-GPU bundle, or count N) runs N data-parallel ranks
-(`rlfarm.roles.learner_group`); rank 0 publishes the weights. `model.dtype` is what GPU roles compute in.
+(`rlfarm.loops.learner_group`); rank 0 publishes the weights. `model.dtype` is what GPU roles compute in.
 
 `algo.max_staleness = k`: k = 0 runs the stages one after another. k > 0 keeps k steps of rollouts in flight:
 the engines generate the next steps with the weights they hold while the learner updates, and new weights
 reach them between steps (each engine takes its calls in order), so a step generated with version v is
 trained on at learner version v + k; a step older than that would be dropped and counted (`dropped_stale`).
 Checkpoints (`run.checkpoint_every_*`, SIGTERM → preempted.pt) and `resume=` continue after the saved update
-(the rollouts in flight are not saved: a resumed run starts generating from the checkpoint's weights)."""
+(the rollouts in flight are not saved: a resumed run starts generating from the checkpoint's weights).
+An engine or scorer that dies is restarted by Ray (`run.max_restarts`, over the object store or CUDA IPC: a
+broadcast group cannot take a new member): a restarted engine gets the newest publication, and every part of the
+steps in flight that the dead role had not finished is generated (or scored) again before the learner sees the
+step, so nothing is trained twice. A learner that dies or hangs ends the run (`rlfarm.loops.skeleton`)."""
 from __future__ import annotations
 
 import logging
@@ -26,13 +30,15 @@ from omegaconf import DictConfig, OmegaConf
 from rlfarm.algos.grpo_lm import GRPOConfig
 from rlfarm.envs.text_tasks import TextTaskSpec
 from rlfarm.errors import ConfigError
+from rlfarm.loops.deadlines import WATCH, RoleDied, Watched, died
 from rlfarm.loops.llm_layout import WeightSyncPlan, plan_weight_sync, sharing_rank
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
-from rlfarm.roles.learner_group import start_learner_group
+from rlfarm.loops.learner_group import rank_name, start_learner_group
 from rlfarm.roles.llm import EngineRole, TextLabeler
 from rlfarm.run import Run
 from rlfarm.settings import known_fields
+from rlfarm.sync.transport import uses_group
 from rlfarm.topology import Placement, PlacedTopology
 
 log = logging.getLogger("rlfarm")
@@ -78,15 +84,20 @@ def learner_rank_options(placed: PlacedTopology, places: list[Placement]) -> lis
     return [placed.options(place) for place in places]
 
 
+def unfinished(ref: ray.ObjectRef) -> bool:
+    """Not answered yet, or failed with its role's death."""
+    return not ray.wait([ref], timeout=0)[0] or died(ref) is not None
+
+
 @dataclass
 class Launched:
-    """One step's rollout in flight: each engine's part and its score, as refs, and the weight version the
-    engines generate it with (the driver's count of the pushes before it)."""
+    """One step's rollout in flight: each engine's part and its score, as refs. The weight version each part was
+    generated with is the learner's (one counter per run: `LMLearner.publish` numbers the weights, an engine
+    stamps the version it received on what it generates), read from the parts' stats."""
     generated: list[ray.ObjectRef]
-    stats: list[ray.ObjectRef]          # per engine: {"generate_s", "tokens"}
+    stats: list[ray.ObjectRef]          # per engine: {"generate_s", "tokens", "policy_version"}
     rewards: list[ray.ObjectRef]
     score_stats: list[ray.ObjectRef]    # per part: {"score_s"}
-    version: int
 
 
 class LLMLoop(SyncLoop):
@@ -96,24 +107,36 @@ class LLMLoop(SyncLoop):
         plan = placed.plan  # `check_rollout_layout` passed before the roles started (rlfarm/commands/train.py)
         (learner, *_), engines, scorers = plan.of("learner"), plan.of("engine"), plan.of("labeler")
         dtype = str(cfg.model.get("dtype", "float32"))
+        run_cfg = cfg.run
         self.learners = start_learner_group(learner_rank_options(placed, plan.of("learner")), grpo, learner.threads,
-                                            dtype)
+                                            dtype, float(run_cfg.role_timeout_s), float(run_cfg.restart_timeout_s),
+                                            lambda: self._preempt)
         self.learner = self.learners.lead  # rank 0: publishes weights, saves
         log.info("learner: %d data-parallel rank(s), GPU ids %s; GPU compute dtype %s", len(self.learners.ranks),
                  self.learners.gpu_ids, dtype)
         task = text_task_spec(cfg)
-        self.engines = [ray.remote(EngineRole).options(**placed.options(place)).remote(
-            grpo, place.threads, dtype, task, (index, len(engines))) for index, place in enumerate(engines)]
-        self.scorers = [ray.remote(TextLabeler).options(**placed.options(place)).remote(grpo, task)
-                        for place in scorers]
+        restartable = {"max_restarts": int(run_cfg.max_restarts), "max_task_retries": 0}
+        self.engines = [
+            ray.remote(concurrency_groups=WATCH)(EngineRole).options(**placed.options(place), **restartable).remote(
+                grpo, place.threads, dtype, task, (index, len(engines))) for index, place in enumerate(engines)]
+        self.scorers = [
+            ray.remote(concurrency_groups=WATCH)(TextLabeler).options(**placed.options(place), **restartable).remote(
+                grpo, task) for place in scorers]
+        self.watched = {**self.learners.watched, **{f"engine {i}": Watched(e) for i, e in enumerate(self.engines)},
+                        **{f"labeler {i}": Watched(s) for i, s in enumerate(self.scorers)}}
         self.max_staleness = int(cfg.algo.get("max_staleness", 0))
         self.sync_plan, self.time_shared = self._open_weight_sync(str(cfg.algo.get("weight_sync", "auto")))
         if self.time_shared and self.max_staleness:
             raise ConfigError(f"algo.max_staleness={self.max_staleness} needs engines on GPUs of their own",
                               "use a split topology or algo.max_staleness=0")
+        # over a broadcast group a new engine cannot join: a dead engine ends the run there
+        self.restartable = {f"labeler {i}" for i in range(len(self.scorers))} | (
+            set() if uses_group(self.sync_plan.transport) else {f"engine {i}" for i in range(len(self.engines))})
         self.ahead: deque[Launched] = deque()  # rollouts in flight, oldest first
-        self.version = 0  # the weight version pushed last (read from the learner at warm-up)
-        self._receiving: list[ray.ObjectRef] = []  # the engines' last receive calls, not yet checked
+        self._current: Launched | None = None  # the one popped off `ahead`, being waited for
+        self.version = 0  # the learner's version of the weights pushed last (its counter: read, then followed)
+        self._published: dict[int, ray.ObjectRef] = {}  # learner rank → its newest publication
+        self._receiving: list[tuple[str, ray.ObjectRef]] = []  # the engines' last receive calls, not yet checked
         self.title = f"rlfarm · {cfg.algo.name} · {cfg.env.task} · {cfg.topology.name}"
         self.target = cfg.algo.target_reward
         self.samples_per_update = int(cfg.algo.prompts_per_step) * int(cfg.algo.group_size)
@@ -121,40 +144,91 @@ class LLMLoop(SyncLoop):
                              dropped_stale=0), resume_from)
 
     def _warm_up(self) -> None:
-        self.version = ray.get(self.learner.weight_version.remote())
+        (self.version,) = self._ask([("learner", self.learner.weight_version.remote())], "weight_version")
         self._push(wait=True)  # the engines start from the learner's weights
 
     def _open_weight_sync(self, choice: str) -> tuple[WeightSyncPlan, list]:
         """Pick the transport once and build every end (a broadcast group is joined by all at the same time).
         Returns the plan and the engines that share a learner rank's GPU (they sleep while the ranks update)."""
-        ranks = self.learners.ranks
-        devices = ray.get([rank.device.remote() for rank in ranks] + [e.device.remote() for e in self.engines])
-        learners = ray.get([rank.location.remote() for rank in ranks])
-        engines = ray.get([engine.location.remote() for engine in self.engines])
+        ranks, start_s = self.learners.ranks, float(self.cfg.run.restart_timeout_s)
+        ask = lambda calls, what: self._ask(calls, what, start_s)  # noqa: E731 - within start-up's deadline
+        named_ranks = lambda call: [(rank_name(i), call(rank)) for i, rank in enumerate(ranks)]  # noqa: E731
+        named_engines = lambda call: [(f"engine {i}", call(e)) for i, e in enumerate(self.engines)]  # noqa: E731
+        learners = ask(named_ranks(lambda rank: rank.location.remote()), "location")
+        engines = ask(named_engines(lambda engine: engine.location.remote()), "location")
+        devices = ask(named_ranks(lambda rank: rank.device.remote()) +
+                      named_engines(lambda engine: engine.device.remote()), "device")
         sync = plan_weight_sync(choice, learners, engines, on_gpus=all(d.startswith("cuda") for d in devices),
                                 sharded=str(self.cfg.algo.get("data_parallel", "ddp")) == "fsdp")
-        addresses = {rank: ray.get(ranks[rank].open_sync.remote(sync.transport, len(sync.engines_of(rank))))
-                     for rank in sync.ranks}
-        opening = [ranks[rank].join_sync.remote() for rank in sync.ranks]
-        for index, (engine, source) in enumerate(zip(self.engines, sync.sources)):
-            peers = sync.engines_of(source)
-            opening.append(engine.open_sync.remote(sync.transport, addresses[source], 1 + peers.index(index),
-                                                   1 + len(peers)))
-        ray.get(opening)
+        opened = [(rank_name(rank), ranks[rank].open_sync.remote(sync.transport, len(sync.engines_of(rank))))
+                  for rank in sync.ranks]
+        self._sync_addresses = dict(zip(sync.ranks, ask(opened, "open_sync")))
+        opening = [(rank_name(rank), ranks[rank].join_sync.remote()) for rank in sync.ranks]
+        opening += [(f"engine {index}", self._open_engine_sync(sync, index)) for index in range(len(self.engines))]
+        ask(opening, "open_sync")
         time_shared = [engine for engine, where in zip(self.engines, engines) if sharing_rank(where, learners) is not None]
         log.info("weight sync learner → %d engine(s): %s%s", len(self.engines), sync.transport,
                  f" (from ranks {list(sync.ranks)})" if sync.ranks != (0,) else "")
         return sync, time_shared
 
+    def _open_engine_sync(self, sync: WeightSyncPlan, index: int) -> ray.ObjectRef:
+        source = sync.sources[index]
+        peers = sync.engines_of(source)
+        return self.engines[index].open_sync.remote(sync.transport, self._sync_addresses[source],
+                                                    1 + peers.index(index), 1 + len(peers))
+
     def _launch(self) -> Launched:
         """Every engine generates its part of the next step, and a scorer scores it as soon as it is there."""
-        generated, stats, rewards, score_stats = [], [], [], []
-        for index, engine in enumerate(self.engines):
-            part, part_stats = engine.generate_with_stats.options(num_returns=2).remote()
-            scored, scored_stats = self.scorers[index % len(self.scorers)].score_with_stats.options(
-                num_returns=2).remote(part)
-            generated.append(part), stats.append(part_stats), rewards.append(scored), score_stats.append(scored_stats)
-        return Launched(generated, stats, rewards, score_stats, self.version)
+        batch = Launched([], [], [], [])
+        for index in range(len(self.engines)):
+            for field in (batch.generated, batch.stats, batch.rewards, batch.score_stats):
+                field.append(None)
+            self._generate(batch, index)
+        return batch
+
+    def _generate(self, batch: Launched, index: int) -> None:
+        """Engine `index`'s part of `batch`, generated (again) and scored."""
+        batch.generated[index], batch.stats[index] = self.engines[index].generate_with_stats.options(
+            num_returns=2).remote()
+        self._score(batch, index)
+
+    def _score(self, batch: Launched, index: int) -> None:
+        """Part `index` of `batch` scored (again) by its scorer, round-robin."""
+        batch.rewards[index], batch.score_stats[index] = self.scorers[index % len(self.scorers)].score_with_stats \
+            .options(num_returns=2).remote(batch.generated[index])
+
+    def _wait_for(self, batch: Launched) -> list[dict]:
+        """Every part of `batch` generated and scored; a dead engine or scorer is restarted and what it had not
+        finished of the steps in flight made again. Returns the engines' stats."""
+        while True:
+            calls = [(f"engine {i}", ref) for i, ref in enumerate(batch.stats)]
+            calls += [(f"labeler {i % len(self.scorers)}", ref) for i, ref in enumerate(batch.score_stats)]
+            try:
+                return self._ask(calls, "generate and score")[:len(self.engines)]
+            except RoleDied as death:
+                self._restarted(death.role)
+
+    def _rewire(self, name: str) -> None:
+        """A restarted engine: its weight sync opened again, the newest weights, new prompt streams; then every
+        part of the steps in flight that the dead engine (or scorer) had not finished is made again."""
+        kind, index = name.split()[0], int(name.split()[-1])
+        in_flight = [*([self._current] if self._current is not None else []), *self.ahead]  # oldest first
+        if kind == "engine":
+            start_s = float(self.cfg.run.restart_timeout_s)
+            engine, source = self.engines[index], self.sync_plan.sources[index]
+            self._ask([(name, self._open_engine_sync(self.sync_plan, index))], "open_sync", start_s)
+            self._ask([(name, engine.receive_weights.remote([self._published[source]]))], "receive_weights", start_s)
+            self._ask([(name, engine.reseed.remote(int(self.cfg.seed) * 1_000_003 + 7919 * sum(self.restarts.values())
+                                                     + self.progress["updates"]))], "reseed", start_s)
+            self._receiving = [(n, ref) for n, ref in self._receiving if n != name]  # it holds the newest now
+            for batch in in_flight:
+                if unfinished(batch.stats[index]):
+                    self._generate(batch, index)
+        else:
+            for batch in in_flight:
+                for part in range(index, len(self.engines), len(self.scorers)):
+                    if unfinished(batch.score_stats[part]):
+                        self._score(batch, part)
 
     def _step(self) -> dict:
         """One update on the oldest usable rollout, the next rollouts already generating (k > 0); the learner's
@@ -163,19 +237,19 @@ class LLMLoop(SyncLoop):
         while True:
             while len(self.ahead) <= self.max_staleness:                       # 1. generate (+ score) ahead
                 self.ahead.append(self._launch())
-            batch = self.ahead.popleft()
-            self._wait_unless_preempted(batch.stats)  # a long generation does not delay SIGTERM
-            stats = ray.get(batch.stats)
-            if self.version - batch.version <= self.max_staleness:
+            self._current = batch = self.ahead.popleft()
+            stats = self._wait_for(batch)  # a long generation does not delay SIGTERM; a dead engine is restarted
+            if self.version - min(s["policy_version"] for s in stats) <= self.max_staleness:
                 break
             self.progress.add(dropped_stale=self.samples_per_update)  # too old: never trained on
+        self._current = None
         generated_at = time.monotonic()
         if self.time_shared:  # colocated: these engines free the GPU while the learner trains
-            ray.get([engine.sleep.remote() for engine in self.time_shared])
+            self._ask([(self._name(e), e.sleep.remote()) for e in self.time_shared], "sleep")
         metrics = self.learners.update(batch.generated, batch.rewards)         # 2. advantages + update
         updated_at = time.monotonic()
         if self.time_shared:
-            ray.get([engine.wake.remote() for engine in self.time_shared])
+            self._ask([(self._name(e), e.wake.remote()) for e in self.time_shared], "wake")
         self._push(wait=self.max_staleness == 0)                               # 3. weights → engines
         synced_at = time.monotonic()
         step_s, generate = synced_at - started, [s["generate_s"] for s in stats]
@@ -189,19 +263,32 @@ class LLMLoop(SyncLoop):
             "engine_busy": min(1.0, sum(generate) / (len(generate) * max(step_s, 1e-9))),
             "learner_busy": min(1.0, metrics["update_s"] / max(step_s, 1e-9))}
 
+    def _name(self, engine) -> str:
+        return f"engine {self.engines.index(engine)}"
+
     def _push(self, wait: bool) -> None:
         """The learner's newest weights to every engine: each engine takes them after the generate calls already
         queued on it, before any launched later. wait=False (k > 0): the driver goes on at once; the receive
         calls are checked at the next push (done by then: the learner's update after them needed them)."""
-        ray.get(self._receiving)
-        published = self.learners.publish(self.sync_plan.ranks)
+        self._check_receiving()
+        self._published = self.learners.publish(self.sync_plan.ranks)
         # boxed, so each engine's call starts at once: over a broadcast both calls must run to meet
-        self._receiving = [engine.receive.remote([published[source]])
-                           for engine, source in zip(self.engines, self.sync_plan.sources)]
-        self.version += 1
+        self._receiving = [(f"engine {i}", engine.receive_weights.remote([self._published[source]]))
+                           for i, (engine, source) in enumerate(zip(self.engines, self.sync_plan.sources))]
+        self.version += 1  # what the learner's publish numbers it (`LMLearner.weight_version`); read back when checked
         if wait:
-            ray.get(self._receiving)
-            self._receiving = []
+            self._check_receiving()
+
+    def _check_receiving(self) -> None:
+        """The engines' last receive calls answered (an engine that died meanwhile is restarted with the newest
+        weights); the version they hold is the learner's."""
+        while self._receiving:
+            try:
+                self.version = max(self._ask(self._receiving, "receive_weights"))
+                self._receiving = []
+            except RoleDied as death:
+                self._receiving = [(name, ref) for name, ref in self._receiving if name != death.role]
+                self._restarted(death.role)
 
     def _record(self, metrics: dict) -> dict:
         progress = self.progress
@@ -236,4 +323,4 @@ class LLMLoop(SyncLoop):
         """The engines draw new prompt and sampling streams (all the same), seeded by the update it resumes after."""
         super()._resume(path)
         seed = int(self.cfg.seed) * 1_000_003 + self.progress["updates"]
-        ray.get([engine.reseed.remote(seed) for engine in self.engines])
+        self._ask([(f"engine {i}", e.reseed.remote(seed)) for i, e in enumerate(self.engines)], "reseed")

@@ -4,6 +4,8 @@ Each cycle every env runner collects a fixed-length rollout with the newest weig
 and runs the PPO epochs on all of them, then publishes the next weight version. Only object refs pass
 through here: rollouts go runner → learner and weights learner → runners straight through the object store;
 the driver receives the finished episodes' returns and the learner's loss metrics.
+A runner that dies is restarted by Ray (`run.max_restarts`): it gets the newest weights and collects its rollout
+again; the learner updates only once every rollout of the cycle is in (`rlfarm.loops.skeleton`).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.envs.spaces import env_policy_dims
+from rlfarm.loops.deadlines import WATCH, RoleDied, Watched
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
 from rlfarm.roles.ppo_learner import PPOLearner
@@ -30,25 +33,28 @@ class PPOLoop(SyncLoop):
         self.cfg, self.run = cfg, run
         as_dict = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731 - plain dicts travel to actors
         plan, seed = placed.plan, int(cfg.seed)
+        restartable = {"max_restarts": int(cfg.run.max_restarts), "max_task_retries": 0}
         self.runners = [
-            ray.remote(RolloutRunner).options(**placed.options(p)).remote(
+            ray.remote(concurrency_groups=WATCH)(RolloutRunner).options(**placed.options(p), **restartable).remote(
                 p.index, as_dict(cfg.env), as_dict(cfg.model.actor), seed, int(cfg.algo.rollout_steps), p.threads)
             for p in plan.of("env_runner")]
         # The spaces come from the env id, not from a runner, so the learner starts while the runners do.
         spaces = env_policy_dims(str(cfg.env.id), as_dict(cfg.env.kwargs) if cfg.env.get("kwargs") else {})
         (learner,) = plan.of("learner")
-        self.learner = ray.remote(PPOLearner).options(**placed.options(learner)).remote(
+        self.learner = ray.remote(concurrency_groups=WATCH)(PPOLearner).options(**placed.options(learner)).remote(
             as_dict(cfg.algo), as_dict(cfg.model.actor), spaces, seed, learner.threads)
         self.envs_per_step = len(self.runners) * int(cfg.env.num_envs)  # env steps per vector step of all runners
         self.title = f"rlfarm · ppo · {cfg.env.id} · {cfg.topology.name}"
         self.target = cfg.algo.target_return
         self.weights = None  # the ref of the newest published weights
+        self.watched = {"learner": Watched(self.learner), **{f"env_runner {i}": Watched(r)
+                                                               for i, r in enumerate(self.runners)}}
+        self.restartable = {f"env_runner {i}" for i in range(len(self.runners))}
         self._begin(Progress(window=RETURN_WINDOW, updates=0, env_steps=0, episodes=0), resume_from)
 
     # -- stages -------------------------------------------------------------------------------------
     def _warm_up(self) -> None:
-        self.weights = self.learner.publish.remote()  # the runners start from the learner's weights
-        ray.get([self.weights, *(r.spaces.remote() for r in self.runners)])
+        self._publish()  # the runners start from the learner's weights
 
     def _has_work(self) -> bool:
         return self._rollout_steps() > 0
@@ -57,11 +63,35 @@ class PPOLoop(SyncLoop):
         """One cycle: every runner collects a rollout with the newest weights → GAE + PPO epochs → publish."""
         steps = self._rollout_steps()
         budget_spent = self.progress["env_steps"] / int(self.cfg.total_env_steps)
-        collected = [r.collect.options(num_returns=2).remote(self.weights, steps) for r in self.runners]  # 1. act
-        metrics = self.learner.update.remote(budget_spent, *(rollout for rollout, _ in collected))  # 2. GAE + PPO
-        self.weights = self.learner.publish.remote()                                                # 3. publish
-        finished = ray.get([episodes for _, episodes in collected])                                 # 4. gather
-        return {"steps": steps, "finished": finished, "learner": ray.get(metrics)}
+        collected = self._each_runner(lambda r: r.collect.options(num_returns=2).remote(steps), "collect",
+                                      lambda call: call[1])                                          # 1. act
+        update = self.learner.update.remote(budget_spent, *(rollout for rollout, _ in collected))   # 2. GAE + PPO
+        (metrics,) = self._ask([("learner", update)], "update")
+        self._publish()                                                                              # 3. publish
+        return {"steps": steps, "finished": [ray.get(episodes) for _, episodes in collected], "learner": metrics}
+
+    def _publish(self) -> None:
+        """The learner's newest weights, to every runner."""
+        self.weights = self.learner.publish.remote()
+        self._ask([("learner", self.weights)], "publish")
+        self._each_runner(lambda r: r.receive_weights.remote(self.weights), "receive_weights")
+
+    def _each_runner(self, call, what: str, answer=lambda call: call) -> list:
+        """`call(runner)` on every runner, waited for (`answer(call)`: the ref to wait on); a runner that dies is
+        restarted, given the newest weights, and called again. Returns the calls."""
+        calls = [call(runner) for runner in self.runners]
+        while True:
+            try:
+                self._ask([(f"env_runner {i}", answer(c)) for i, c in enumerate(calls)], what)
+                return calls
+            except RoleDied as death:
+                self._restarted(death.role)
+                index = int(death.role.split()[-1])
+                calls[index] = call(self.runners[index])
+
+    def _rewire(self, name: str) -> None:
+        runner = self.watched[name]
+        self._ask([(name, runner.actor.receive_weights.remote(self.weights))], "receive_weights")
 
     def _rollout_steps(self) -> int:
         """Vector steps for the next cycle: rollout_steps, fewer at the end so env_steps never passes the budget."""

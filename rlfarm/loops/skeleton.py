@@ -10,14 +10,24 @@ ends the run early, or None) and `title`, and fills in its stages (the live view
     _step() -> dict            one cycle as named stages; what it measured
     _record(metrics) -> dict   counts the cycle into `progress`; the row for metrics.jsonl and the live view
     _summary(row) -> dict      summary.json's numbers (row: the last one, {} when no cycle ran)
-    _save(path, extra) / _load(path) -> extra: the learner writes and reads the checkpoint."""
+    _save(path, extra) / _load(path) -> extra: the learner writes and reads the checkpoint.
+
+Every wait on a role goes through `_ask` (rlfarm.loops.deadlines): no deadline on the work, one on the roles'
+liveness (`run.role_timeout_s` to answer stats), and SIGTERM ends it. The family names its roles in `watched`
+("learner", "env_runner 0", "engine 1", ...; written to roles.json with their pids) and which of them Ray restarts
+(`restartable`, started with `max_restarts`): `_restarted(name)` waits for such a role to come back and lets the
+family re-wire it (`_rewire`: the newest weights); the family then makes its part of the cycle again. A learner that
+dies or hangs ends the run with one line naming it and the resume command; its newest checkpoint is on disk."""
 from __future__ import annotations
 
+import json
 import logging
+import time
 
 import ray
 
 from rlfarm.loops.checkpoints import PeriodicCheckpoints
+from rlfarm.loops.deadlines import RoleFailed, Watched, WorkerLost, ask, described
 from rlfarm.loops.progress import Progress
 from rlfarm.telemetry.live import LiveView
 
@@ -29,10 +39,21 @@ class SyncLoop(PeriodicCheckpoints):
     target: float | None
     title: str
 
+    watched: dict[str, Watched]  # every role by name
+    restartable: set[str] = set()  # the names Ray restarts
+
     def _begin(self, progress: Progress, resume_from: str | None) -> None:
-        """End of __init__, once the roles are up: checkpoints start; a resume restores the progress."""
+        """End of __init__, once the roles are up: their pids known (roles.json), checkpoints start; a resume
+        restores the progress."""
         self.progress = progress
         self._start_checkpoints()
+        self.restarts = dict.fromkeys(self.watched, 0)
+        names = list(self.watched)
+        started = self._ask([(n, self.watched[n].actor.stats.remote()) for n in names], "stats",
+                            float(self.cfg.run.restart_timeout_s))  # the constructors ran: models built, envs made
+        for name, stats in zip(names, started):
+            self.watched[name].pid = int(stats["pid"])
+        self._write_roles_file()
         if resume_from:
             self._resume(resume_from)
 
@@ -40,15 +61,68 @@ class SyncLoop(PeriodicCheckpoints):
         self._warm_up()
         self.progress.restart_clock()  # the clock counts training, not the roles' start-up (imports, model build)
         row: dict = {}
-        with self.until_preempted(), LiveView(self.title, self.cfg.run.live, columns=self.run.family.columns) as view:
-            while self._has_work():
-                row = self._record(self._step())
-                self.run.log(row)
-                view.update(row)
-                self._after_update(self.progress["updates"])
-                if self._done():
-                    break
+        try:
+            with self.until_preempted(), LiveView(self.title, self.cfg.run.live, columns=self.run.family.columns) as view:
+                while self._has_work():
+                    row = self._record(self._step())
+                    self.run.log(row)
+                    view.update(row)
+                    self._after_update(self.progress["updates"])
+                    if self._done():
+                        break
+        except RoleFailed as error:  # a learner that died or hangs, a worker out of restarts: resume from disk
+            raise RoleFailed(f"{error}; resume from the newest checkpoint: rlfarm train resume={self.run.dir}") \
+                from None
         return self._summary(row)
+
+    # -- waits and restarts --------------------------------------------------------------------------
+    def _ask(self, calls: list[tuple[str, ray.ObjectRef]], what: str, timeout_s: float | None = None,
+             interruptible: bool = True) -> list:
+        """The named roles' answers: with timeout_s a deadline on the answers (short calls, start-up), without
+        one a deadline on the liveness of the roles asked (`run.role_timeout_s`); SIGTERM ends the wait (unless
+        not `interruptible`: the checkpoint SIGTERM asks for)."""
+        interrupted = (lambda: self._preempt) if interruptible else None
+        if timeout_s is not None:
+            return ask(calls, what, timeout_s, interrupted)
+        return ask(calls, what, float(self.cfg.run.role_timeout_s), interrupted, self.watched)
+
+    def _restarted(self, name: str) -> None:
+        """Role `name` died: wait (run.restart_timeout_s) for Ray to bring it back, re-wire it (`_rewire`), say so
+        in one line. A role that is not restartable, or out of restarts, ends the run."""
+        role, timeout_s = self.watched[name], float(self.cfg.run.restart_timeout_s)
+        if name not in self.restartable or self.restarts[name] >= int(self.cfg.run.max_restarts):
+            more = "" if name not in self.restartable else f" after {self.restarts[name]} restarts (run.max_restarts)"
+            raise WorkerLost(f"{described(name, role)} died{more}")
+        before, deadline = role.pid, time.monotonic() + timeout_s
+        while True:
+            try:
+                role.pid = int(self._ask([(name, role.actor.stats.remote())], "stats", timeout_s)[0]["pid"])
+                break
+            except ray.exceptions.ActorUnavailableError:  # still restarting
+                if time.monotonic() > deadline:
+                    raise WorkerLost(f"{name} (pid {before}) died and did not come back within "
+                                     f"run.restart_timeout_s={timeout_s:g} s") from None
+                time.sleep(0.5)
+            except ray.exceptions.RayActorError:
+                raise WorkerLost(f"{name} (pid {before}) died and could not be restarted") from None
+        self.restarts[name] += 1
+        self._rewire(name)
+        log.warning("%s (pid %s) died; restarted as pid %s", name, before, role.pid)
+        self._write_roles_file()
+
+    def _rewire(self, name: str) -> None:
+        """A restarted role gets what its constructor does not give it (the newest weights)."""
+
+    def _write_roles_file(self) -> None:
+        """`roles.json` in the run dir: which process runs which role now (for `kill`, py-spy, tests)."""
+        table = []
+        for name, role in self.watched.items():
+            kind, _, index = name.rpartition(" ")
+            kind, index = (kind.replace(" rank", ""), int(index)) if index.isdigit() else (name, 0)
+            table.append({"role": kind, "index": index, "pid": role.pid, "restarts": self.restarts[name]})
+        path = self.run.dir / "roles.json"
+        path.with_suffix(".tmp").write_text(json.dumps(table, indent=1))
+        path.with_suffix(".tmp").replace(path)
 
     def _has_work(self) -> bool:
         return self.progress["updates"] < int(self.cfg.algo.max_updates)
@@ -76,7 +150,7 @@ class SyncLoop(PeriodicCheckpoints):
         log.info("resumed from %s after update %d", path, updates)
 
     def _save(self, path: str, extra: dict) -> str:
-        return ray.get(self.learner.save.remote(path, extra))
+        return self._ask([("learner", self.learner.save.remote(path, extra))], f"save {path}", interruptible=False)[0]
 
     def _load(self, path: str) -> dict:
-        return ray.get(self.learner.load.remote(path))
+        return self._ask([("learner", self.learner.load.remote(path))], f"load {path}")[0]

@@ -7,11 +7,11 @@ store (CPU copies, what CPU roles use), a broadcast over a process group of the 
 between GPUs: the tensors never touch the host), or CUDA IPC when both share one GPU (the engine copies from
 the learner's GPU buffers). The driver opens it (`LMLearner.open_sync`, then `LMLearner.join_sync`
 and `EngineRole.open_sync` at the same time); every sync after that is `LMLearner.publish` →
-`EngineRole.receive`, whatever the transport. Several engines split each step (`EngineRole` shard): rank 0
+`EngineRole.receive_weights`, whatever the transport. Several engines split each step (`EngineRole` shard): rank 0
 sends to all of them in one go (one broadcast group, or the same host copies); under CUDA IPC each engine reads
 from the learner rank on its own GPU (`rlfarm.loops.llm_layout.plan_weight_sync`).
 
-The learner may be N data-parallel LMLearner actors (`rlfarm.roles.learner_group`): each trains on its shard
+The learner may be N data-parallel LMLearner actors (`rlfarm.loops.learner_group`): each trains on its shard
 of the batch under DDP (`rlfarm.data_parallel`), and rank 0 publishes weights (under DDP with IPC, every rank
 that shares an engine's GPU does) and reports.
 Precision: `dtype` ("bfloat16") is what the GPU roles compute in — the engine holds its weights in it, the
@@ -24,6 +24,7 @@ from a hub id / folder (`cfg.model`: a string, `model.source`), whose own tokeni
 from __future__ import annotations
 
 import copy
+import os
 import time
 from dataclasses import replace
 
@@ -42,7 +43,9 @@ from rlfarm.envs.text_tasks import DigitTokenizer, TextTaskSpec, text_task, text
 from rlfarm.models.lm import causal_lm, compute_dtype, trainable_state_dict
 from rlfarm.rewards.rollouts import score_rollout
 from rlfarm.rewards.verifiers import get_verifier
+from rlfarm.roles.base import role
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic, serve_rendezvous_here
+from rlfarm.roles.stage_clock import StageClock
 from rlfarm.roles.value_critic import ValueCritic
 from rlfarm.sync import HostSender, PassThroughReceiver, WeightReceiver, WeightSender
 from rlfarm.sync.transport import SenderSetup, open_receiver
@@ -72,6 +75,13 @@ def _task_spec(cfg: GRPOConfig, task: TextTaskSpec | None) -> TextTaskSpec:
                         seed=cfg.seed)
 
 
+def watch(method):
+    """`stats` of a role started with a "watch" concurrency group (`rlfarm.loops.deadlines.WATCH`): it answers
+    while a generate, score or update runs, so the driver's deadline is on liveness, not on the work."""
+    return ray.method(concurrency_group="watch")(method)
+
+
+@role("engine")
 class EngineRole:
     """Holds the prompt stream and an engine; `generate` returns (rollout, answers) for one round.
     task: what to prompt with (None: the digit task of `cfg`).
@@ -95,6 +105,11 @@ class EngineRole:
         self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed)
         self.max_new_tokens = cfg.max_new_tokens or self.task.max_new_tokens
         self.receiver: WeightReceiver = PassThroughReceiver()  # the object store, until `open_sync` picks another
+        self.stages = StageClock("generate", "receive")
+
+    @watch
+    def stats(self) -> dict:
+        return {"pid": os.getpid(), "stage_s": self.stages.snapshot(), "policy_version": self.engine.weight_version}
 
     def generate(self) -> tuple[Rollout, list[str]]:
         prompts = self.task.sample(self.cfg.prompts_per_step)  # the whole step's: one stream for all engines
@@ -107,11 +122,13 @@ class EngineRole:
 
     def generate_with_stats(self) -> tuple[tuple[Rollout, list[str]], dict]:
         """`generate`, and what the driver reads without fetching the rollout (call with num_returns=2):
-        {"generate_s", "tokens"}."""
+        {"generate_s", "tokens", "policy_version": the learner's version of the weights that generated it}."""
         started = time.perf_counter()
-        generated = self.generate()
+        with self.stages.timing("generate"):
+            generated = self.generate()
         rollout = generated[0]
-        return generated, {"generate_s": time.perf_counter() - started, "tokens": int(rollout.response_mask.sum())}
+        return generated, {"generate_s": time.perf_counter() - started, "tokens": int(rollout.response_mask.sum()),
+                           "policy_version": rollout.weight_version}
 
     def reseed(self, seed: int) -> None:
         """A resumed run: new prompt and sampling streams, so it does not replay the first run's prompts."""
@@ -129,11 +146,15 @@ class EngineRole:
         time as the learner's `join_sync`). address: what the learner's `open_sync` returned."""
         self.receiver = open_receiver(transport, self.engine.device, address, rank, world_size)
 
-    def receive(self, box: list) -> int:
-        """Load what the learner's `publish` sends; returns its version. box = [the ref of its result], boxed so
-        that Ray starts this call without waiting for the learner: over a collective the learner's `publish`
+    def receive_weights(self, published: list) -> int:
+        """Load what the learner's `publish` sends; returns its version. published = [the ref of its result], boxed
+        so that Ray starts this call without waiting for the learner: over a collective the learner's `publish`
         returns only once this call has received the tensors, so its result (no payload; the version) is read
         after them. Other transports' payload (the tensors' host copies, the IPC handles) is read first."""
+        with self.stages.timing("receive"):
+            return self._receive(published)
+
+    def _receive(self, box: list) -> int:
         if self.receiver.meets_sender:
             load_into(self.engine, self.receiver, None, self.engine.weight_version)
             _, version = ray.get(box[0])
@@ -152,6 +173,7 @@ class EngineRole:
         self.engine.wake()
 
 
+@role("labeler")
 class TextLabeler:
     """The labeler of the on-policy family: a rule verifier over decoded completions (an HF tokenizer decodes
     without special tokens, so the verifier reads only the answer text)."""
@@ -159,6 +181,11 @@ class TextLabeler:
     def __init__(self, cfg: GRPOConfig, task: TextTaskSpec | None = None):
         self.tokenizer = text_tokenizer(_task_spec(cfg, task))
         self.verifier = get_verifier(cfg.verifier)
+        self.stages = StageClock("score")
+
+    @watch
+    def stats(self) -> dict:
+        return {"pid": os.getpid(), "stage_s": self.stages.snapshot()}
 
     def score(self, generated: tuple[Rollout, list[str]]) -> np.ndarray:
         rollout, answers = generated
@@ -167,10 +194,12 @@ class TextLabeler:
     def score_with_stats(self, generated: tuple[Rollout, list[str]]) -> tuple[np.ndarray, dict]:
         """`score`, and its time {"score_s"} (call with num_returns=2)."""
         started = time.perf_counter()
-        rewards = self.score(generated)
+        with self.stages.timing("score"):
+            rewards = self.score(generated)
         return rewards, {"score_s": time.perf_counter() - started}
 
 
+@role("learner")
 class LMLearner:
     """Updates the policy on a rollout and its rewards — advantages from the groups' rewards (GRPO) or from a
     `ValueCritic` (algo.advantage=gae, `critic`) — and publishes the trainable weights (adapters only under LoRA).
@@ -199,6 +228,13 @@ class LMLearner:
         self._sync: SenderSetup | None = None  # open_sync's half of the handshake
         self._gathered: dict[str, torch.Tensor] = {}  # under FSDP, rank 0: the whole trainable tensors
         self.publish_s = 0.0  # the last `publish`'s time, reported with the next update
+        self.updates = 0
+        self.stages = StageClock("update", "publish")
+
+    @watch
+    def stats(self) -> dict:
+        return {"pid": os.getpid(), "stage_s": self.stages.snapshot(), "updates": self.updates,
+                "policy_version": self.version}
 
     def _optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=self.cfg.lr,
@@ -241,7 +277,8 @@ class LMLearner:
         the engines have received."""
         started = time.perf_counter()
         self.version += 1
-        sent = self.sender.send(self._published())
+        with self.stages.timing("publish"):
+            sent = self.sender.send(self._published())
         self.publish_s = time.perf_counter() - started
         return sent, self.version
 
@@ -279,7 +316,9 @@ class LMLearner:
         part (object refs, boxed so they are fetched here, in engine order); joined, they are the step.
         Adds the update's own time and the last publish's."""
         started = time.perf_counter()
-        metrics = self.update_parts(ray.get(list(generated)), ray.get(list(rewards)))
+        with self.stages.timing("update"):
+            metrics = self.update_parts(ray.get(list(generated)), ray.get(list(rewards)))
+        self.updates += 1
         return metrics | {"update_s": time.perf_counter() - started, "publish_s": self.publish_s}
 
     def update_parts(self, parts: list[tuple[Rollout, list[str]]], rewards: list[np.ndarray]) -> dict:

@@ -6,18 +6,25 @@ new weights in the object store once, so every runner fetches the same copy.
 """
 from __future__ import annotations
 
+import os
 import time
 
+import ray
 import torch
 from hydra.utils import instantiate
 
 from rlfarm.algos.ppo_trainer import PPOConfig, flatten_for_update, ppo_update
 from rlfarm.buffers.rollout import EnvRollout
+from rlfarm.roles.base import role
 from rlfarm.roles.common import assigned_device, limit_threads, save_atomic, seed_everything
+from rlfarm.roles.stage_clock import StageClock
 from rlfarm.sync.object_store import Publication, publication
 
 
+@role("learner")
 class PPOLearner:
+    """Started with a "watch" concurrency group (`rlfarm.loops.deadlines.WATCH`): `stats` answers mid-update."""
+
     def __init__(self, algo_cfg: dict, actor_cfg: dict, spaces: dict, seed: int, threads: int = 1):
         limit_threads(threads)
         seed_everything(seed)
@@ -29,15 +36,26 @@ class PPOLearner:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr, eps=1e-5)
         self.generator = torch.Generator(self.device).manual_seed(seed)  # minibatch shuffles
         self.version = self.updates = self.gradient_steps = 0
+        self.stages = StageClock("update", "publish")
+
+    @ray.method(concurrency_group="watch")
+    def stats(self) -> dict:
+        return {"pid": os.getpid(), "stage_s": self.stages.snapshot(), "updates": self.updates,
+                "policy_version": self.version}
 
     def publish(self) -> Publication:
         """A new weight version, put in the object store once for every runner."""
         self.version += 1
-        return publication({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, self.version)
+        with self.stages.timing("publish"):
+            return publication({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, self.version)
 
     def update(self, progress: float, *rollouts: EnvRollout) -> dict:
         """One PPO iteration on the runners' rollouts (same length and weight version, joined side by side).
         progress: share of the run's env steps done before these rollouts, for the learning-rate schedule."""
+        with self.stages.timing("update"):
+            return self._update(progress, rollouts)
+
+    def _update(self, progress: float, rollouts: tuple[EnvRollout, ...]) -> dict:
         started = time.perf_counter()
         rollout = EnvRollout.concat(list(rollouts))
         lr = self.cfg.lr * (1.0 - progress) if self.cfg.anneal_lr else self.cfg.lr

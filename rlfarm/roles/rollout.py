@@ -2,28 +2,35 @@
 on-policy rollouts (the PPO family's env runner).
 
 Unlike the off-policy EnvRunner, which streams chunks on credits, this runner acts only when asked: the
-driver calls `collect(weights)` once per synchronous cycle, handing it the learner's newest publication.
-The runner loads those weights (once per version), acts T steps in each of its N envs, and records what
+driver hands it the learner's newest publication (`receive_weights`) and calls `collect` once per synchronous
+cycle. The runner acts T steps in each of its N envs with the weights it holds, and records what
 the learner needs: log π_old and V_old from the acting weights, and V_old of each step's true next state,
 so that GAE can bootstrap through time-limit truncations without a second look at the env. Episodes run on
 across rollouts; only their returns and lengths go back to the driver, apart from the rollout itself.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
+import ray
 import torch
 from hydra.utils import instantiate
 
 from rlfarm.buffers.rollout import EnvRollout
 from rlfarm.envs.spaces import policy_dims
 from rlfarm.envs.vector import VectorEnv
+from rlfarm.roles.base import role
 from rlfarm.roles.common import limit_threads, seed_everything
+from rlfarm.roles.stage_clock import StageClock
 from rlfarm.sync.object_store import HeldWeights, Publication
 
 
+@role("runner")
 class RolloutRunner:
+    """Started with a "watch" concurrency group (`rlfarm.loops.deadlines.WATCH`): `stats` answers mid-rollout."""
+
     def __init__(self, index: int, env_cfg: dict, actor_cfg: dict, seed: int, rollout_steps: int, threads: int = 1):
         limit_threads(threads)
         seed_everything(seed + 7919 * index)
@@ -36,17 +43,30 @@ class RolloutRunner:
         self.weights = HeldWeights()
         self.obs = self.env.reset()
         self.env_steps = 0
+        self.stages = StageClock("collect")
 
     def spaces(self) -> dict:
         return dict(self.dims)
 
+    def receive_weights(self, published: Publication) -> int:
+        """The learner's `publish` (loaded once per version); the version now held."""
+        self.weights.load_newer(published, self.policy.load_state_dict)
+        return self.weights.version
+
+    @ray.method(concurrency_group="watch")
+    def stats(self) -> dict:
+        return {"pid": os.getpid(), "stage_s": self.stages.snapshot(), "policy_version": self.weights.version,
+                "env_steps": self.env_steps}
+
+    def collect(self, steps: int | None = None) -> tuple[EnvRollout, dict]:
+        """Act `steps` (default rollout_steps) vector steps with the weights held. Returns (rollout, episodes):
+        episodes = {"returns", "lengths", "env_steps", "runner", "collect_s"}."""
+        with self.stages.timing("collect"):
+            return self._collect(steps)
+
     @torch.no_grad()
-    def collect(self, weights: Publication | None = None, steps: int | None = None) -> tuple[EnvRollout, dict]:
-        """Act `steps` (default rollout_steps) vector steps with the newest weights (the learner's `publish`;
-        None: those held). Returns (rollout, episodes): episodes = {"returns", "lengths", "env_steps", "runner",
-        "collect_s"}."""
+    def _collect(self, steps: int | None) -> tuple[EnvRollout, dict]:
         started = time.perf_counter()
-        self.weights.load_newer(weights, self.policy.load_state_dict)
         steps = self.rollout_steps if steps is None else int(steps)
         obs_t = torch.as_tensor
         record: dict[str, list] = {name: [] for name in EnvRollout.ARRAYS}

@@ -10,7 +10,7 @@ from rlfarm.config import compose
 from rlfarm.data_parallel import shard_rows
 from rlfarm.families import LLM
 from rlfarm.loops.llm import learner_rank_options
-from rlfarm.roles.learner_group import start_learner_group
+from rlfarm.loops.learner_group import start_learner_group
 from rlfarm.roles.llm import EngineRole, LMLearner, TextLabeler
 from rlfarm.topology import PlacedTopology, plan_topology
 

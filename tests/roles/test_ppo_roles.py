@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from rlfarm.algos.ppo_trainer import PPOConfig, flatten_for_update, ppo_loss
 from rlfarm.config import compose
 from rlfarm.envs.vector import VectorEnv
+from rlfarm.loops.deadlines import WATCH
 from rlfarm.roles.ppo_learner import PPOLearner
 from rlfarm.roles.rollout import RolloutRunner
 
@@ -70,9 +71,10 @@ def test_learner_update_lowers_the_loss_and_its_weights_reach_the_runner(ray_cpu
     ray = ray_cpu
     cfg = ppo_cfg("cartpole", "env.num_envs=4", "algo.rollout_steps=32", "algo.epochs=4", "algo.minibatches=2")
     algo, actor = OmegaConf.to_container(cfg.algo), OmegaConf.to_container(cfg.model.actor)
-    runner = ray.remote(RolloutRunner).remote(0, OmegaConf.to_container(cfg.env), actor, 0, 32, 1)
+    runner = ray.remote(concurrency_groups=WATCH)(RolloutRunner).remote(0, OmegaConf.to_container(cfg.env), actor, 0,
+                                                                         32, 1)
     spaces = ray.get(runner.spaces.remote())
-    learner = ray.remote(PPOLearner).remote(algo, actor, spaces, 0, 1)
+    learner = ray.remote(concurrency_groups=WATCH)(PPOLearner).remote(algo, actor, spaces, 0, 1)
     local = runner_for(cfg).policy  # a plain copy of the network, to look at published weights
 
     def published(weights) -> dict:
@@ -80,7 +82,8 @@ def test_learner_update_lowers_the_loss_and_its_weights_reach_the_runner(ray_cpu
         return ray.get(box[0])
 
     weights = learner.publish.remote()
-    rollout_ref, episodes = runner.collect.options(num_returns=2).remote(weights)
+    assert ray.get(runner.receive_weights.remote(weights)) == 1
+    rollout_ref, episodes = runner.collect.options(num_returns=2).remote()
     rollout = ray.get(rollout_ref)
     assert rollout.policy_version == 1 and ray.get(episodes)["env_steps"] == 128
     local.load_state_dict(published(weights))  # the runner acted with exactly the learner's weights
@@ -96,7 +99,8 @@ def test_learner_update_lowers_the_loss_and_its_weights_reach_the_runner(ray_cpu
     local.load_state_dict(published(weights))
     assert ppo_loss(local, batch, PPOConfig.from_mapping(algo))[0].item() < before
 
-    second, _ = runner.collect.options(num_returns=2).remote(weights)
+    assert ray.get(runner.receive_weights.remote(weights)) == 2
+    second, _ = runner.collect.options(num_returns=2).remote()
     assert ray.get(second).policy_version == 2  # the runner picked up the new version
     assert ray.get(learner.update.remote(0.5, second))["lr"] == pytest.approx(float(cfg.algo.lr) / 2)  # annealed
 

@@ -4,6 +4,7 @@ import numpy as np
 import torch
 
 from rlfarm.algos.grpo_lm import GRPOConfig
+from rlfarm.loops.deadlines import WATCH
 from rlfarm.roles.llm import EngineRole, LMLearner, TextLabeler
 
 
@@ -15,9 +16,9 @@ def weights(role, attribute: str):
 def test_broadcast_sync_gives_the_engine_the_learners_weights_each_round(ray_cpu):
     ray = ray_cpu
     cfg = GRPOConfig(prompts_per_step=4, group_size=4, seed=0)
-    learner = ray.remote(LMLearner).remote(cfg)
-    engine = ray.remote(EngineRole).remote(GRPOConfig(prompts_per_step=4, group_size=4, seed=7))  # other weights
-    scorer = ray.remote(TextLabeler).remote(cfg)
+    learner = ray.remote(concurrency_groups=WATCH)(LMLearner).remote(cfg)
+    engine = ray.remote(concurrency_groups=WATCH)(EngineRole).remote(GRPOConfig(prompts_per_step=4, group_size=4, seed=7))  # other weights
+    scorer = ray.remote(concurrency_groups=WATCH)(TextLabeler).remote(cfg)
     address = ray.get(learner.open_sync.remote("broadcast"))
     ray.get([learner.join_sync.remote(), engine.open_sync.remote("broadcast", address)])
     assert ray.get([learner.device.remote(), engine.device.remote()]) == ["cpu", "cpu"]
@@ -27,7 +28,7 @@ def test_broadcast_sync_gives_the_engine_the_learners_weights_each_round(ray_cpu
         metrics = ray.get(learner.update.remote(generated, scorer.score.remote(generated)))
         assert np.isfinite(metrics["reward"])
         published = learner.publish.remote()
-        assert ray.get(engine.receive.remote([published])) == round_
+        assert ray.get(engine.receive_weights.remote([published])) == round_
         learned = ray.get(learner.__ray_call__.remote(lambda self: {name: t.detach().cpu().clone() for name, t in
                                                                     self.model.named_parameters()}))
         synced = ray.get(weights(engine, "engine"))

@@ -1,0 +1,139 @@
+"""Faults in the synchronous families, as a user meets them (a subprocess `rlfarm train`, real Ray and Hydra; the
+role's pid from the run dir's roles.json): a learner SIGSTOPped mid-run ends a GRPO run and a PPO run within
+run.role_timeout_s + 30 s with one line naming it and the resume command, and the GRPO run resumes from its newest
+checkpoint; an engine SIGKILLed mid-run is restarted and the run finishes."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import ENV
+
+ROLE_TIMEOUT_S = 5
+GRPO = ["experiment=grpo_digits", "run.live=false", "logger=none", "algo.target_reward=null",
+        "algo.prompts_per_step=8", "run.max_wall_s=null", f"run.role_timeout_s={ROLE_TIMEOUT_S}"]
+PPO = ["algo=ppo", "env=cartpole", "run.live=false", "logger=none", "algo.target_return=null",
+       f"run.role_timeout_s={ROLE_TIMEOUT_S}", "algo.rollout_steps=32", "env.num_envs=2"]
+
+
+def rows(run_dir):
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def pid_of(run_dir, role: str, index: int = 0) -> int | None:
+    path = run_dir / "roles.json"
+    if not path.exists():
+        return None
+    return next((r["pid"] for r in json.loads(path.read_text()) if (r["role"], r["index"]) == (role, index)), None)
+
+
+def start(run_dir, *args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rlfarm.cli", "train", f"hydra.run.dir={run_dir}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+def wait_for(condition, timeout_s: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def stop_learner_and_expect_one_line(run_dir, proc: subprocess.Popen, after_rows: int) -> tuple[str, int]:
+    """SIGSTOP the learner once the run logged `after_rows` rows; the run must end in time, naming it. Returns
+    (its stderr, the learner's pid), the stopped process killed so nothing leaks."""
+    wait_for(lambda: len(rows(run_dir)) >= after_rows and pid_of(run_dir, "learner"), 300, proc)
+    learner = pid_of(run_dir, "learner")
+    os.kill(learner, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        proc.wait(timeout=ROLE_TIMEOUT_S + 30)
+        ended_s = time.monotonic() - stopped
+    finally:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(learner, sig)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert proc.returncode not in (0, None) and ended_s < ROLE_TIMEOUT_S + 30, err[-3000:]
+    line = f"learner (pid {learner}) did not answer stats within {ROLE_TIMEOUT_S} s"
+    assert line in err and f"rlfarm train resume={run_dir}" in err, err[-3000:]
+    return err, learner
+
+
+@pytest.mark.slow
+def test_a_stopped_grpo_learner_ends_the_run_in_one_line_and_the_run_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*GRPO, "algo.max_updates=14", "run.checkpoint_every_updates=2"]
+    proc = start(run_dir, *args)
+    stop_learner_and_expect_one_line(run_dir, proc, after_rows=5)
+    assert list((run_dir / "checkpoints").glob("step_*.pt")), "no periodic checkpoint to resume from"
+    # the command the line gave, as the user would type it
+    out = subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", f"resume={run_dir}"], capture_output=True,
+                         text=True, env=ENV, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resumed from" in (run_dir / "train.log").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["updates"] == 14 and [r["updates"] for r in rows(run_dir)] == list(range(1, 15))
+
+
+@pytest.mark.slow
+def test_a_stopped_ppo_learner_ends_the_run_in_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, *PPO, "total_env_steps=1000000", "run.checkpoint_every_updates=2")
+    stop_learner_and_expect_one_line(run_dir, proc, after_rows=3)
+
+
+@pytest.mark.slow
+def test_a_killed_grpo_engine_is_restarted_and_the_run_finishes(tmp_path):
+    run_dir = tmp_path / "run"
+    updates = 16
+    proc = start(run_dir, *GRPO, f"algo.max_updates={updates}", "topology.roles.engine.count=2",
+                 "algo.max_staleness=1", "ray.num_cpus=4")
+    try:
+        wait_for(lambda: len(rows(run_dir)) >= 3 and pid_of(run_dir, "engine", 1), 300, proc)
+        engine = pid_of(run_dir, "engine", 1)
+        os.kill(engine, signal.SIGKILL)
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert proc.returncode == 0, err[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert f"engine 1 (pid {engine}) died; restarted as pid" in log
+    now = pid_of(run_dir, "engine", 1)
+    assert now != engine
+    logged = rows(run_dir)
+    assert [r["updates"] for r in logged] == list(range(1, updates + 1))  # every step trained once
+    assert all(r["staleness"] <= 1 for r in logged)
+
+
+@pytest.mark.slow
+def test_a_killed_ppo_runner_is_restarted_and_the_run_finishes(tmp_path):
+    run_dir = tmp_path / "run"
+    steps = 2 * 2 * 32 * 12  # two runners x env.num_envs x algo.rollout_steps x 12 updates
+    proc = start(run_dir, *PPO, f"total_env_steps={steps}", "topology.roles.env_runner.count=2", "ray.num_cpus=4")
+    try:
+        wait_for(lambda: len(rows(run_dir)) >= 3 and pid_of(run_dir, "env_runner", 1), 300, proc)
+        runner = pid_of(run_dir, "env_runner", 1)
+        os.kill(runner, signal.SIGKILL)
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert proc.returncode == 0, err[-3000:]
+    assert f"env_runner 1 (pid {runner}) died; restarted as pid" in (run_dir / "train.log").read_text()
+    assert pid_of(run_dir, "env_runner", 1) != runner
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] == steps and [r["updates"] for r in rows(run_dir)] == list(range(1, 13))
