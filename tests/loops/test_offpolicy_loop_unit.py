@@ -163,7 +163,7 @@ class Farm:
 
     def loop(self, tmp_path, total_env_steps=200, resume_from=None, target=None, **run) -> OffPolicyLoop:
         cfg = OmegaConf.create({
-            "total_env_steps": total_env_steps, "algo": {"name": "sac", "target_return": target},
+            "total_env_steps": total_env_steps, "algo": {"name": "sac", "family": "offpolicy", "target_return": target},
             "env": {"id": "Fake-v0"}, "topology": {"name": "fake"}, "logger": {"tensorboard": False},
             "run": {"role_timeout_s": 5.0, "restart_timeout_s": 5.0, "max_restarts": 2, "metrics_interval_s": 0.01,
                     "max_wall_s": 0, "checkpoint_every_updates": 0, "checkpoint_every_min": 0,
