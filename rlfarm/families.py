@@ -81,7 +81,7 @@ LLM = Family(
           "weights synced to the engines",
     loop="rlfarm.loops.llm:LLMLoop",
     roles=("learner", "engine", "labeler"),
-    learner_ranks=True,  # data-parallel ranks (rlfarm/roles/learner_group.py)
+    learner_ranks=True,  # data-parallel ranks (rlfarm/loops/learner_group.py)
     rules="rlfarm.config.family_rules:check_text_policy",
     plan_rules="rlfarm.loops.llm_layout:check_rollout_layout",
     paragraph="rlfarm.telemetry.summary:llm_paragraph",
