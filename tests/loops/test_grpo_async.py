@@ -16,8 +16,8 @@ def test_grpo_digits_learns_with_stale_rollouts_from_two_engines(tmp_path, stale
     engines to finish the step they are generating; k = 2 through the object store."""
     # Whether a seed's run collapses (entropy ~0, every group's samples alike, dynamic sampling keeps no signal) before
     # the target depends on the CPU's float arithmetic: at k = 1, seed 1 plateaued at 0.897 on one 2-core machine
-    # (2,000 updates; the same before issue 33's restructure) yet passed earlier CI runs; there seeds 2 and 3 reached
-    # it in 170 and 259 updates. So a second seed runs only when the first did not reach the target; the target stands.
+    # (2,000 updates; the same before issue 33's restructure) yet passed earlier CI runs; on the machine where it
+    # plateaued, seeds 2 and 3 reached the target in 170 and 259 updates. So a second seed runs only when the first did not reach the target; the target stands.
     for seed in SEEDS:
         run_dir = tmp_path / f"seed{seed}"
         out = train(run_dir, "experiment=grpo_digits", f"algo.max_staleness={staleness}",
