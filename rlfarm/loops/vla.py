@@ -20,7 +20,7 @@ import numpy as np
 import ray
 from omegaconf import DictConfig
 
-from rlfarm.loops.deadlines import NO_PROGRESS, Interrupted, WorkerLost, ask
+from rlfarm.loops.deadlines import NO_PROGRESS, Interrupted, Watched, WorkerLost
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
 from rlfarm.loops.supervision import Supervisor
@@ -73,6 +73,8 @@ class VLALoop(SyncLoop):
         self.title = f"rlfarm · {cfg.algo.name} · {cfg.env.id} · {cfg.topology.name}"
         self.target = cfg.algo.target_success
         self.weights = None  # the ref of the newest published weights
+        # The skeleton's waits (start-up, save, load) watch the learner; the workers and servers have the Supervisor.
+        self.watched = {self.supervisor.learner.name: Watched(self.learner)}
         self._begin(Progress(window=SUCCESS_WINDOW, timings=TIME_KEYS, updates=0, env_steps=0, episodes=0,
                              first_success=None), resume_from)
 
@@ -232,11 +234,13 @@ class VLALoop(SyncLoop):
             self._server_restarted(index, self._back(server), started, what)
         self._load_server(index, what)
 
-    def _ask(self, calls: list[tuple[str, ray.ObjectRef]], what: str, timeout_s: float) -> list:
-        """The named roles' answers, within `timeout_s` (a role that does not answer ends the run with one line naming
-        it); SIGTERM ends the wait. A death raises RayActorError, for the caller's recovery."""
+    def _ask(self, calls: list[tuple[str, ray.ObjectRef]], what: str, timeout_s: float | None = None,
+             interruptible: bool = True) -> list:
+        """The skeleton's wait (a role that does not answer ends the run with one line naming it), but SIGTERM ends
+        it with the preemption checkpoint at once: a rollout in flight is dropped. A death raises RayActorError, for
+        the caller's recovery."""
         try:
-            return ask(calls, what, timeout_s, lambda: self._preempt)
+            return super()._ask(calls, what, timeout_s, interruptible)
         except Interrupted:
             raise self._preempted() from None
 
