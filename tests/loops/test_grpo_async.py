@@ -19,7 +19,8 @@ def test_grpo_digits_learns_with_stale_rollouts_from_two_engines(tmp_path, stale
     for seed in seeds:
         run_dir = tmp_path / f"seed{seed}"
         out = train(run_dir, "experiment=grpo_digits", f"algo.max_staleness={staleness}",
-                    f"algo.weight_sync={weight_sync}", "topology.roles.engine.count=2", "ray.num_cpus=4", f"seed={seed}")
+                    f"algo.weight_sync={weight_sync}", "topology.roles.engine.count=2", "ray.num_cpus=4",
+                    f"seed={seed}")
         assert out.returncode == 0, out.stderr[-3000:]
         if read_summary(run_dir)["reached_target"]:
             break
