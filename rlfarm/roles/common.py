@@ -41,11 +41,7 @@ def save_atomic(state: dict, path: str) -> str:
 
 def serve_rendezvous_here(world_size: int):
     """A process group's rendezvous store served by this actor on a free port, and the "host:port" the other members
-    join (rlfarm.sync.serve_rendezvous on this node's address)."""
-    import ray
+    join (`rlfarm.sync.serve_rendezvous_on_node`: the one place a rendezvous is served on this node's address)."""
+    from rlfarm.sync import serve_rendezvous_on_node
 
-    from rlfarm.sync import serve_rendezvous
-
-    host = ray.util.get_node_ip_address()
-    store = serve_rendezvous(world_size, host=host)
-    return store, f"{host}:{store.port}"
+    return serve_rendezvous_on_node(world_size)
