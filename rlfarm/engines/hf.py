@@ -2,10 +2,12 @@
 decoding loop of our own (not `model.generate`), so the log-probability of each sampled token is computed
 from the very logits it was sampled from (see `rlfarm.data` for the convention).
 
-Llama-family models (llama, qwen2, qwen3) decode through `StaticDecoder`: a preallocated KV cache and, on
-CUDA, one CUDA graph per decode step. Any other causal LM decodes through its own forward with a
-`DynamicCache` (slower, same results). Sampling (`rlfarm.engines.sampling`) needs no host sync; end of
-sequence is tracked on the device and the host looks at it only every `stop_check_every` steps.
+Llama-family models (llama, qwen2, qwen3) decode through `StaticDecoder`: a slot-major KV cache, continuous
+refill of finished rows (`max_batch` slots), and on CUDA one CUDA graph per decode step and active-batch bucket.
+Any other causal LM decodes through its own forward with a `DynamicCache` (slower, same results; every sample
+in one batch, no refill). Sampling (`rlfarm.engines.sampling`) needs no host sync and its noise is keyed per
+sample and token (`rlfarm.engines.noise`): one seed per call, drawn from the engine's generator; end of sequence
+is tracked on the device and the host looks at it only every `stop_check_every` steps.
 """
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ from torch import nn
 from rlfarm.data import Rollout, StopIds, stop_ids
 from rlfarm.engines import static_decoder
 from rlfarm.engines.base import Engine, hits_stop
+from rlfarm.engines.noise import race_noise
 from rlfarm.engines.sampling import Rows, nucleus_filter, sample_tokens  # noqa: F401 (part of this module's API)
+from rlfarm.engines.synthetic_lengths import SyntheticLengths
+from rlfarm.engines.synthetic_lengths import synthetic_lengths as length_model
 from rlfarm.models.lm import cache_kwarg, position_ids_from_mask
 
 
@@ -41,11 +46,16 @@ class HFEngine(Engine):
     or "hf". cuda_graphs: capture the static decoder's step on CUDA. compile: torch.compile that step
     before capture (fewer, fused kernels, so a shorter step, paid for by a compilation on the first call;
     docs/benchmarks.md, P4, has both); None = on CUDA with graphs, off on CPU.
+    max_batch: the static decoder's slots (rows decoded at once; None: every sample of a call at once).
+    refill: a finished row takes the next queued sample at once (else the slots decode in waves, each to its
+    longest sample: the fixed batch). synthetic_lengths: the speed-run length model
+    (`rlfarm.engines.synthetic_lengths`: None, or {median_frac, p99_frac}); static decoder only.
     """
 
     def __init__(self, model: nn.Module, pad_id: int, device: torch.device | str = "cpu", seed: int = 0,
                  stop_check_every: int = 4, decoder: str = "auto", cuda_graphs: bool = True,
-                 compile: bool | None = None):
+                 compile: bool | None = None, max_batch: int | None = None, refill: bool = True,
+                 synthetic_lengths: SyntheticLengths | dict | bool | None = None):
         if decoder not in ("auto", "static", "hf"):
             raise ValueError(f"decoder must be auto, static or hf, got {decoder!r}")
         self.device = torch.device(device)
@@ -59,8 +69,12 @@ class HFEngine(Engine):
         use_static = decoder == "static" or (decoder == "auto" and static_decoder.supports(self.model))
         if compile is None:
             compile = cuda_graphs and self.device.type == "cuda"
-        self._static = (static_decoder.StaticDecoder(self.model, pad_id, self._generator, cuda_graphs=cuda_graphs,
-                                                     compile=compile) if use_static else None)
+        self._static = (static_decoder.StaticDecoder(self.model, pad_id, cuda_graphs=cuda_graphs, compile=compile)
+                        if use_static else None)
+        self.max_batch, self.refill = max_batch, refill
+        self.lengths = length_model(synthetic_lengths)
+        if self.lengths is not None and self._static is None:
+            raise ValueError("synthetic_lengths needs the static decoder (a Llama-family model)")
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int, temperature: float = 1.0,
@@ -70,22 +84,30 @@ class HFEngine(Engine):
         if max_new_tokens < 1 or n < 1:
             raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got n={n}, max_new_tokens={max_new_tokens}")
         prompt, prompt_mask = left_pad([list(p) for p in prompt_ids], self.pad_id, self.device)
+        seed = int(torch.randint(0, 2 ** 31, (), generator=self._generator, device=self._generator.device))
+        first = rows.first if rows is not None else 0
         if self._static is not None:
             sampling = static_decoder.Sampling(float(temperature), float(top_p), stop_ids(eos_id))
-            tokens, logprobs, generated = self._static.generate(prompt, prompt_mask, n, max_new_tokens, sampling,
-                                                                self.stop_check_every, rows)
+            tokens, logprobs, generated = self._static.generate(
+                prompt, prompt_mask, n, max_new_tokens, sampling, self.stop_check_every, seed, first,
+                max_batch=self.max_batch, refill=self.refill, lengths=self.lengths)
         else:
             tokens, logprobs, generated = self._generate_with_hf_cache(
                 prompt.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0), max_new_tokens,
-                temperature, top_p, stop_ids(eos_id), rows or Rows(0, len(prompt) * n))
+                temperature, top_p, stop_ids(eos_id), seed, first)
         return Rollout(prompt_ids=prompt.repeat_interleave(n, dim=0).cpu(),
                        prompt_mask=prompt_mask.repeat_interleave(n, dim=0).cpu(),
                        response_ids=tokens.cpu(), response_mask=generated.long().cpu(), logprobs=logprobs.cpu(),
                        group_size=n, temperature=temperature if temperature > 0 else 1.0,
                        weight_version=self.weight_version)
 
+    @property
+    def last_call(self) -> static_decoder.Calls | None:
+        """What the static decoder's last call did (decode steps, prefills, slots); None on the HF-cache path."""
+        return self._static.last_call if self._static is not None else None
+
     def _generate_with_hf_cache(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
-                                temperature: float, top_p: float, stops: tuple[int, ...], rows: Rows
+                                temperature: float, top_p: float, stops: tuple[int, ...], seed: int, first: int
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Any causal LM: its own forward with a DynamicCache, one step at a time."""
         from transformers import DynamicCache
@@ -101,9 +123,11 @@ class HFEngine(Engine):
 
         cache = DynamicCache()
         logits = self._next_logits(prompt, prompt_mask, position_ids_from_mask(prompt_mask), cache)
-        steps = max_new_tokens
+        sample_ids = torch.arange(samples, device=self.device) + first
+        seed_tensor = torch.tensor(seed, device=self.device)
         for t in range(max_new_tokens):
-            race = rows.race(samples, logits.shape[-1], self._generator, self.device) if temperature > 0 else None
+            race = (race_noise(seed_tensor, sample_ids, torch.full_like(sample_ids, t), logits.shape[-1])
+                    if temperature > 0 else None)
             token, logprob = sample_tokens(logits, temperature, top_p, race=race)
             generated[:, t] = ~finished
             tokens[:, t] = token.masked_fill(finished, self.pad_id)
@@ -111,12 +135,12 @@ class HFEngine(Engine):
             if stops:
                 finished = finished | hits_stop(token, stops)
             if t + 1 == max_new_tokens or ((t + 1) % self.stop_check_every == 0 and bool(finished.all())):
-                steps = t + 1
                 break
             attention[:, prompt_len + t] = generated[:, t]
             logits = self._next_logits(tokens[:, t:t + 1], attention[:, :prompt_len + t + 1],
                                        first_position + t, cache)
-        return tokens[:, :steps], logprobs[:, :steps], generated[:, :steps]
+        width = max(int(generated.sum(dim=1).max()), 1)  # the longest sample, as the static decoder returns
+        return tokens[:, :width], logprobs[:, :width], generated[:, :width]
 
     def _next_logits(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
         output = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,

@@ -10,19 +10,12 @@ from rlfarm.models.lm import tempered_log_softmax
 
 
 class Rows(NamedTuple):
-    """Where one engine's samples sit in a step that several engines split (rows first … first + B − 1 of the
-    step's `total`). Each engine draws the sampling noise of the whole step and uses its own rows, so a step's
-    samples do not depend on how many engines share it: from the same generator state, N engines give what one
-    would (each engine's stream then advances by its own number of decode steps).
-    The price: each draws total/B times the noise it uses, small next to a decode step's forward."""
+    """Where one engine's samples sit in a step that several engines split (samples first … first + B − 1 of
+    the step's `total`). A sample's noise is keyed by its index in the step (`rlfarm.engines.noise`), and each
+    engine draws one seed per call from its generator, so from the same generator state N engines give what one
+    would, at every step."""
     first: int
     total: int
-
-    def race(self, batch: int, vocab: int, generator: torch.Generator | None, device: torch.device
-             ) -> torch.Tensor:
-        """Exp(1) noise for `sample_tokens`: this engine's `batch` rows of the whole step's [total, V] draw."""
-        drawn = torch.empty(max(self.total, batch), vocab, device=device).exponential_(generator=generator)
-        return drawn[self.first:self.first + batch]
 
 
 def nucleus_filter(logp: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -36,13 +29,15 @@ def nucleus_filter(logp: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
                   generator: torch.Generator | None = None,
-                  race: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  race: torch.Tensor | None = None, force: torch.Tensor | None = None,
+                  forced_token: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(token [N], its log-prob [N]) from logits [N, V]. Temperature 0 is greedy, with log-probs at
     temperature 1; otherwise the log-prob is under softmax(logits / temperature) before nucleus filtering.
 
     Sampling is the exponential race: token = argmax p_i / E_i with E_i ~ Exp(1), which picks i with
     probability p_i and needs no host sync (unlike `torch.multinomial`). `race` [N, V] float32 passes E
-    drawn by the caller (a CUDA graph draws it outside the compiled region); else it is drawn here."""
+    drawn by the caller (`rlfarm.engines.noise.race_noise`); else it is drawn here from `generator`.
+    force [N] bool: rows whose token is `forced_token` instead (a synthetic length's end), with its log-prob."""
     logp = tempered_log_softmax(logits, temperature if temperature > 0 else 1.0)
     if temperature == 0:
         token = logp.argmax(dim=-1)
@@ -51,4 +46,6 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
         if race is None:
             race = torch.empty_like(logp).exponential_(generator=generator)
         token = (sampling_logp - race.log()).argmax(dim=-1)
+    if force is not None:
+        token = torch.where(force, forced_token, token)
     return token, logp.gather(-1, token.unsqueeze(-1)).squeeze(-1)

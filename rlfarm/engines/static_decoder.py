@@ -1,7 +1,6 @@
-"""Fast decoding for Llama-family Hugging Face models (llama, qwen2, qwen3): a preallocated KV cache,
-attention of our own over it, and on CUDA the whole decode step — sample, record, forward one token —
-captured once in a CUDA graph, so a step costs one graph launch and the host never waits on the device
-(except every `stop_check_every` steps, to stop when every sample has ended).
+"""Fast decoding for Llama-family Hugging Face models (llama, qwen2, qwen3): a slot-major KV cache, attention of
+our own over it, continuous refill, and on CUDA the whole decode step — sample, record, forward one token —
+captured in a CUDA graph per active-batch bucket, so a step costs one graph launch.
 
 Only the attention core and the cache are ours. Norms, projections (with their LoRA adapters when peft
 wrapped them), MLPs, the rotary table and the LM head are the model's own modules, called as they are:
@@ -9,26 +8,42 @@ the weights the learner trains are the weights that run here, `update_weights` c
 (a captured graph reads the same memory, so it needs no re-capture), and the log-probabilities follow the
 convention of `rlfarm.data` exactly.
 
-A cache of one shape — batch × cache length, rounded up to `CACHE_ROUNDING` tokens so prompts of slightly
-different length share it — holds its graphs, one per sampling setting (temperature, top_p, eos). Prefill
-runs once per call, on each distinct prompt once (the n samples of a prompt share its prompt cache).
-Finished rows keep decoding until all rows end (no continuous refill: an RL round is a fixed batch).
+Slots and refill. A call's samples (n per prompt, prompt-major) queue for `slots` batch rows. With `refill`, a
+row whose sample ended (its end token, the cap, or a synthetic length: `rlfarm.engines.synthetic_lengths`)
+hands its slot to the next queued sample at the next check (every `stop_check_every` steps, sooner when the host
+knows a row reaches its limit): the newcomer's prefill writes its prompt into that slot's cache row while the
+other rows keep their place, and decoding goes on, until the call's samples are all done. Once the queue is empty
+the batch shrinks through buckets (the slots, then powers of two down to MIN_BUCKET): the rows still running
+move to the lowest slots and the step runs on that prefix. Without `refill` the slots decode in waves, each to
+its longest sample (finished rows keep decoding): the fixed batch, kept as the baseline.
+The cache is slot-major and fixed (slots × cache length, rounded up to CACHE_ROUNDING tokens), not paged: RL
+calls share one cap, so a slot never needs more than its row; the bucket views and the graphs need tensors
+that do not move; a paged cache would buy memory for mixed lengths at the price of an indirection in every
+attention read, which our attention (plain matmuls over the row) does not have.
+Sampling is reproducible across all this: a sample's noise is keyed by (call seed, its index in the step, its
+token index) (`rlfarm.engines.noise`), so the same seed gives the same samples with or without refill, whatever
+slot a sample lands in, as far as the batch-size dependence of the arithmetic allows.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlfarm.engines import decode_state
 from rlfarm.engines.base import hits_stop
-from rlfarm.engines.sampling import Rows, sample_tokens
+from rlfarm.engines.decode_state import DecodeState
+from rlfarm.engines.noise import race_noise
+from rlfarm.engines.sampling import sample_tokens
+from rlfarm.engines.synthetic_lengths import SyntheticLengths
 from rlfarm.models.lm import position_ids_from_mask
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 CACHE_ROUNDING = 64
+MIN_BUCKET = 16
 
 
 def base_model(model: nn.Module) -> nn.Module:
@@ -45,6 +60,15 @@ def supports(model: nn.Module) -> bool:
     if not all(hasattr(decoder, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
         return False
     return all(getattr(layer.self_attn, "sliding_window", None) is None for layer in decoder.layers)
+
+
+def buckets(slots: int) -> list[int]:
+    """Active-batch sizes a refilling call runs at, largest first: the slots, then powers of two below."""
+    sizes, size = [slots], MIN_BUCKET
+    while size < slots:
+        sizes.append(size)
+        size *= 2
+    return sorted(set(sizes), reverse=True)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -72,38 +96,23 @@ class Sampling:
     stop_ids: tuple[int, ...]  # () = never stop (`rlfarm.data.stop_ids`)
 
 
-@dataclass
-class DecodeState:
-    """Every tensor a decode step reads or writes, allocated once per (batch, cache length) so a captured
-    graph can replay on them. Slot s of the cache holds the key/value of the token at column s."""
-
-    keys: list[torch.Tensor]          # per layer [B, kv_heads, S, D]
-    values: list[torch.Tensor]
-    cos: torch.Tensor                 # [S, D] rotary table by position
-    sin: torch.Tensor
-    key_valid: torch.Tensor           # [B, S] bool: slots a query may attend to
-    logits: torch.Tensor              # [B, V] the logits the next token is sampled from
-    race: torch.Tensor                # [B, V] float32 Exp(1) noise of the next sample: this batch's rows of `drawn`
-    drawn: torch.Tensor               # [R, V] the noise drawn per step: R = B, or the whole step's rows (`Rows`)
-    next_input: torch.Tensor          # [B] the token fed at the next forward
-    position: torch.Tensor            # [B] its position id
-    step: torch.Tensor                # [1] index of the next sampled token
-    slot: torch.Tensor                # [1] cache slot of the next forward (= prompt length + step)
-    finished: torch.Tensor            # [B] bool
-    tokens: torch.Tensor              # [B, S] sampled tokens (pad after the end)
-    logprobs: torch.Tensor            # [B, S] float32
-    generated: torch.Tensor           # [B, S] bool: the token was generated before the row ended
-    graphs: dict = field(default_factory=dict)  # Sampling → torch.cuda.CUDAGraph
+@dataclass(frozen=True)
+class Calls:
+    """What one `generate` call did: decode steps run, prefill calls, and the slots it ran on."""
+    decode_steps: int
+    prefills: int
+    slots: int
 
 
 class StaticDecoder:
-    """Generates from left-padded prompts with a static KV cache; CUDA-graphed steps on CUDA, eager on CPU."""
+    """Generates from left-padded prompts with a slot-major static KV cache; CUDA-graphed steps on CUDA, eager
+    on CPU."""
 
-    def __init__(self, model: nn.Module, pad_id: int, generator: torch.Generator, cuda_graphs: bool = True,
-                 compile: bool = False, max_cached_shapes: int = 3):
+    def __init__(self, model: nn.Module, pad_id: int, cuda_graphs: bool = True, compile: bool = False,
+                 max_cached_shapes: int = 3):
         if not supports(model):
             raise ValueError(f"StaticDecoder runs {SUPPORTED_MODEL_TYPES} models with full attention")
-        self.model, self.pad_id, self.generator = model, pad_id, generator
+        self.model, self.pad_id = model, pad_id
         self.base = base_model(model)
         self.layers = self.base.model.layers
         config = self.base.config
@@ -114,8 +123,9 @@ class StaticDecoder:
         self.scaling = attention.scaling
         self.cuda_graphs, self.max_cached_shapes = cuda_graphs, max_cached_shapes
         self.states: OrderedDict[tuple[int, int], DecodeState] = OrderedDict()
-        # compile fuses the many small kernels of a step (norms, rotary, sampling) before graph capture; batch
-        # and cache length are marked dynamic (`_state`), so one compilation serves every shape
+        self.last_call: Calls | None = None
+        # compile fuses the many small kernels of a step (norms, rotary, noise, sampling) before graph capture;
+        # slots and cache length are marked dynamic (`decode_state.mark_dynamic`): one compilation for all shapes
         self.compiled = compile
         self._sample_fn = torch.compile(self._sample_and_record) if compile else self._sample_and_record
         self._forward_fn = torch.compile(self._forward_next) if compile else self._forward_next
@@ -130,65 +140,136 @@ class StaticDecoder:
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, n: int, max_new_tokens: int,
-                 sampling: Sampling, stop_check_every: int, rows: Rows | None = None
+                 sampling: Sampling, stop_check_every: int, seed: int, first_sample: int = 0,
+                 max_batch: int | None = None, refill: bool = True, lengths: SyntheticLengths | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """prompt, prompt_mask [num_prompts, P] (left-padded, on the model's device); n samples each.
-        rows: where these samples sit in a step shared by several engines (None: they are the whole step).
-        Returns (tokens, logprobs, generated) [num_prompts × n, steps], prompt-major, still on the device."""
+        """prompt, prompt_mask [num_prompts, P] (left-padded, on the model's device); n samples each, at most
+        `max_batch` at a time (None: all at once). first_sample: the index of this call's first sample in the
+        step (engines that split a step: `Rows`), which keys its noise. lengths: the synthetic length model.
+        Returns (tokens, logprobs, generated) [num_prompts × n, width], prompt-major, still on the device;
+        width = the longest sample."""
         prompts, prompt_len = prompt.shape
-        state = self._state(prompts * n, prompt_len + max_new_tokens, rows or Rows(0, prompts * n))
-        graphed = self._use_graphs() and max_new_tokens > 1  # one new token: no step to replay
-        step = self._graph(state, sampling) if graphed else (lambda: self._step(state, sampling))
-        self._prefill(state, prompt, prompt_mask, n)
-        steps = max_new_tokens
-        for t in range(max_new_tokens - 1):
-            step()
-            if sampling.stop_ids and (t + 1) % stop_check_every == 0 and bool(state.finished.all()):
-                steps = t + 1
-                break
-        else:
-            self._draw_race(state, sampling)
-            self._sample_fn(state, sampling)  # the last token needs no forward
-        return state.tokens[:, :steps], state.logprobs[:, :steps], state.generated[:, :steps]
+        samples = prompts * n
+        slots = min(max_batch or samples, samples)
+        state = self._state(slots, prompt_len + max_new_tokens)
+        sizes = buckets(slots) if refill else [slots]
+        steps = {size: self._stepper(state.view(size), sampling) for size in sizes}  # captured before any fill
+        state.seed.fill_(seed)
+        state.finished.fill_(True)
+        ids = torch.arange(samples, device=self.device) + first_sample
+        limits = (lengths.draw(seed, ids, max_new_tokens) if lengths is not None
+                  else torch.full((samples,), max_new_tokens, dtype=torch.long, device=self.device))
+        forced = limits - 1 if lengths is not None and sampling.stop_ids else torch.full_like(limits, -1)
+        forced = forced.masked_fill(limits >= max_new_tokens, -1)  # at the cap a sample is cut, not ended
+        limit_of = limits.tolist()
+        out = (torch.full((samples, max_new_tokens), self.pad_id, dtype=torch.long, device=self.device),
+               torch.zeros(samples, max_new_tokens, device=self.device),
+               torch.zeros(samples, max_new_tokens, dtype=torch.bool, device=self.device))
+        holder: list[int | None] = [None] * slots  # slot → the sample it holds
+        started = [0] * slots                     # slot → decode steps run when its sample started
+        queue, decoded, prefills = 0, 0, 0
+
+        def fill(free: list[int]) -> None:
+            nonlocal queue, prefills
+            taken = list(range(queue, min(queue + len(free), samples)))
+            if not taken:
+                return
+            slot_list = free[:len(taken)]
+            self._prefill(state, prompt, prompt_mask, n, slot_list, taken, limits, forced, ids)
+            for slot, sample in zip(slot_list, taken):
+                holder[slot], started[slot] = sample, decoded
+            queue += len(taken)
+            prefills += 1
+
+        fill(list(range(slots)))
+        while any(sample is not None for sample in holder):
+            active = [slot for slot, sample in enumerate(holder) if sample is not None]
+            size = min(size for size in sizes if size > active[-1])
+            left = [limit_of[holder[s]] - (decoded - started[s]) for s in active]
+            block = min(stop_check_every, min(left) if refill else max(left))
+            for _ in range(max(block, 1)):
+                steps[size]()
+            decoded += max(block, 1)
+            done = state.finished[:size].tolist()
+            ended = [s for s in active if done[s]] if refill else (active if all(done[s] for s in active) else [])
+            if ended:
+                self._harvest(state, out, ended, [holder[s] for s in ended], max_new_tokens)
+                for slot in ended:
+                    holder[slot] = None
+                fill([slot for slot in range(slots) if holder[slot] is None] if refill or queue < samples else [])
+            if refill and queue == samples:
+                self._shrink(state, holder, started, sizes)
+        self.last_call = Calls(decoded, prefills, slots)
+        width = max(int(out[2].sum(dim=1).max()), 1)
+        return out[0][:, :width], out[1][:, :width], out[2][:, :width]
+
+    def _harvest(self, state: DecodeState, out, slots: list[int], samples: list[int], width: int) -> None:
+        """Copy the ended samples of `slots` into the call's output rows `samples`."""
+        src = torch.tensor(slots, device=self.device)
+        dst = torch.tensor(samples, device=self.device)
+        for target, source in zip(out, (state.tokens, state.logprobs, state.generated)):
+            target.index_copy_(0, dst, source.index_select(0, src)[:, :width])
+
+    @staticmethod
+    def _shrink(state: DecodeState, holder: list, started: list, sizes: list[int]) -> None:
+        """No sample left to queue: move the running ones to the lowest slots so a smaller bucket holds them."""
+        active = [slot for slot, sample in enumerate(holder) if sample is not None]
+        if not active:
+            return
+        size = min(size for size in sizes if size >= len(active))
+        movers = [slot for slot in active if slot >= size]
+        if not movers:
+            return
+        free = [slot for slot in range(size) if holder[slot] is None][:len(movers)]
+        state.move(movers, free)
+        for source, target in zip(movers, free):
+            holder[target], started[target] = holder[source], started[source]
+            holder[source] = None
 
     # -- one decode step -------------------------------------------------------------------------------
     def _step(self, state: DecodeState, sampling: Sampling) -> None:
-        self._draw_race(state, sampling)
         self._sample_fn(state, sampling)
         self._forward_fn(state)
 
-    def _draw_race(self, state: DecodeState, sampling: Sampling) -> None:
-        if sampling.temperature > 0:
-            state.drawn.exponential_(generator=self.generator)
-
     def _sample_and_record(self, state: DecodeState, sampling: Sampling) -> None:
-        token, logprob = sample_tokens(state.logits, sampling.temperature, sampling.top_p, race=state.race)
+        race = (race_noise(state.seed, state.sample_id, state.step, state.logits.shape[-1])
+                if sampling.temperature > 0 else None)
+        force = state.step == state.forced_at
+        token, logprob = sample_tokens(state.logits, sampling.temperature, sampling.top_p, race=race,
+                                       force=force if sampling.stop_ids else None,
+                                       forced_token=sampling.stop_ids[0] if sampling.stop_ids else 0)
         ended = state.finished
         token = token.masked_fill(ended, self.pad_id)
-        state.tokens.index_copy_(1, state.step, token.unsqueeze(1))
-        state.logprobs.index_copy_(1, state.step, logprob.masked_fill(ended, 0.0).unsqueeze(1))
-        state.generated.index_copy_(1, state.step, (~ended).unsqueeze(1))
+        at = state.step.unsqueeze(1)
+        state.tokens.scatter_(1, at, token.unsqueeze(1))
+        state.logprobs.scatter_(1, at, logprob.masked_fill(ended, 0.0).unsqueeze(1))
+        state.generated.scatter_(1, at, (~ended).unsqueeze(1))
         state.next_input.copy_(token)
+        ends = state.step + 1 >= state.limit
         if sampling.stop_ids:
-            state.finished.logical_or_(hits_stop(token, sampling.stop_ids))
-        state.step.add_(1)
+            ends = ends | hits_stop(token, sampling.stop_ids)
+        state.step.add_((~ended).long())
+        state.finished.logical_or_(ends)
 
     def _forward_next(self, state: DecodeState) -> None:
-        """Feed `next_input` at `position`, its key/value into cache slot `slot`; logits of what follows."""
-        state.key_valid.index_fill_(1, state.slot, True)
+        """Feed `next_input` at `position`, its key/value into cache `column`; logits of what follows."""
+        batch, last = state.column.shape[0], state.key_valid.shape[1] - 1
+        state.key_valid.scatter_(1, state.column.unsqueeze(1), True)
         visible = state.key_valid[:, None, None, :]  # [B, 1, 1, S]
         cos, sin = state.cos[state.position].unsqueeze(1), state.sin[state.position].unsqueeze(1)  # [B, 1, D]
+        at = state.column.view(batch, 1, 1, 1).expand(batch, self.kv_heads, 1, self.head_dim)
         hidden = self.base.model.embed_tokens(state.next_input.unsqueeze(1))  # [B, 1, H]
         for i, layer in enumerate(self.layers):
             attention = layer.self_attn
             query, key, value = self._project(attention, layer.input_layernorm(hidden), cos, sin)
-            state.keys[i].index_copy_(2, state.slot, key)
-            state.values[i].index_copy_(2, state.slot, value)
+            state.keys[i].scatter_(2, at, key)
+            state.values[i].scatter_(2, at, value)
             hidden = hidden + attention.o_proj(self._attend_cache(query, state.keys[i], state.values[i], visible))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         state.logits.copy_(self.base.lm_head(self.base.model.norm(hidden))[:, -1])
-        state.position.add_(1)
-        state.slot.add_(1)
+        # an ended row keeps stepping (its output is not read): its counters stay inside the cache
+        state.position.add_(1).clamp_(max=last)
+        state.column.add_(1).clamp_(max=last)
 
     def _attend_cache(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                       visible: torch.Tensor) -> torch.Tensor:
@@ -212,86 +293,78 @@ class StaticDecoder:
         query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
         return apply_rotary(query, cos, sin), apply_rotary(key, cos, sin), value
 
-    # -- per call -------------------------------------------------------------------------------------
-    def _prefill(self, state: DecodeState, prompt: torch.Tensor, prompt_mask: torch.Tensor, n: int) -> None:
-        """Run the distinct prompts once: their keys/values fill slots [0, P) of their n rows each, their last
-        logits seed the first sample; reset the per-call state."""
-        prompts, prompt_len = prompt.shape
-        valid = prompt_mask.bool()
-        positions = position_ids_from_mask(prompt_mask)
+    # -- a sample takes a slot ------------------------------------------------------------------------
+    def _prefill(self, state: DecodeState, prompt: torch.Tensor, prompt_mask: torch.Tensor, n: int,
+                 slots: list[int], samples: list[int], limits: torch.Tensor, forced: torch.Tensor,
+                 ids: torch.Tensor) -> None:
+        """Start `samples` in `slots`: run their distinct prompts once, write each prompt's keys/values into
+        columns [0, P) of its samples' cache rows (the rest of the row zeroed: stale columns are masked, but
+        0 × NaN would not be), seed the first sample from its last logits, reset the slots' counters."""
+        prompt_len = prompt.shape[1]
+        which = torch.tensor([sample // n for sample in samples], device=self.device)
+        distinct, counts = torch.unique_consecutive(which, return_counts=True)
+        ids_, mask = prompt[distinct], prompt_mask[distinct]
+        valid = mask.bool()
+        positions = position_ids_from_mask(mask)
         cos, sin = state.cos[positions], state.sin[positions]  # [prompts, P, D]
-        causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=prompt.device).tril()
+        causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=self.device).tril()
         # a query sees earlier real tokens and itself (so a pad query's softmax is never empty)
-        allowed = (causal & valid[:, None, None, :]) | torch.eye(prompt_len, dtype=torch.bool, device=prompt.device)
-        hidden = self.base.model.embed_tokens(prompt)
+        allowed = (causal & valid[:, None, None, :]) | torch.eye(prompt_len, dtype=torch.bool, device=self.device)
+        rows = torch.tensor(slots, device=self.device)
+        hidden = self.base.model.embed_tokens(ids_)
         for i, layer in enumerate(self.layers):
             attention = layer.self_attn
             query, key, value = self._project(attention, layer.input_layernorm(hidden), cos, sin)
-            state.keys[i][:, :, :prompt_len].copy_(key.repeat_interleave(n, dim=0))
-            state.values[i][:, :, :prompt_len].copy_(value.repeat_interleave(n, dim=0))
-            state.keys[i][:, :, prompt_len:].zero_()  # stale slots are masked, but 0 × NaN would not be
-            state.values[i][:, :, prompt_len:].zero_()
+            for cache, written in ((state.keys[i], key), (state.values[i], value)):
+                cache[rows, :, :prompt_len] = written.repeat_interleave(counts, dim=0)
+                cache[rows, :, prompt_len:] = 0
             out = F.scaled_dot_product_attention(query, repeat_kv(key, self.groups), repeat_kv(value, self.groups),
                                                  attn_mask=allowed, scale=self.scaling)
-            hidden = hidden + attention.o_proj(out.transpose(1, 2).reshape(prompts, prompt_len, -1))
+            hidden = hidden + attention.o_proj(out.transpose(1, 2).reshape(len(distinct), prompt_len, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         last = self.base.lm_head(self.base.model.norm(hidden[:, -1:]))[:, -1]
-        state.logits.copy_(last.repeat_interleave(n, dim=0))
-        state.key_valid.zero_()
-        state.key_valid[:, :prompt_len] = valid.repeat_interleave(n, dim=0)
-        state.position.copy_(prompt_mask.sum(dim=1).repeat_interleave(n))
-        state.step.zero_()
-        state.slot.fill_(prompt_len)
-        state.finished.zero_()
-        state.tokens.fill_(self.pad_id)
-        state.logprobs.zero_()
-        state.generated.zero_()
+        taken = torch.tensor(samples, device=self.device)
+        state.logits[rows] = last.repeat_interleave(counts, dim=0)
+        state.key_valid[rows] = False
+        state.key_valid[rows, :prompt_len] = valid.repeat_interleave(counts, dim=0)
+        state.position[rows] = mask.sum(dim=1).repeat_interleave(counts)
+        state.column[rows] = prompt_len
+        state.step[rows] = 0
+        state.limit[rows] = limits[taken]
+        state.forced_at[rows] = forced[taken]
+        state.sample_id[rows] = ids[taken]
+        state.finished[rows] = False
+        state.tokens[rows] = self.pad_id
+        state.logprobs[rows] = 0.0
+        state.generated[rows] = False
 
-    def _state(self, batch: int, length: int, rows: Rows) -> DecodeState:
+    def _state(self, slots: int, length: int) -> DecodeState:
         cache_len = -(-length // CACHE_ROUNDING) * CACHE_ROUNDING
-        key = (batch, cache_len, rows)
+        key = (slots, cache_len)
         if key in self.states:
             self.states.move_to_end(key)
             return self.states[key]
         while len(self.states) >= self.max_cached_shapes:
             self.states.popitem(last=False)
         device, dtype = self.device, self.base.lm_head.weight.dtype
-        zeros = lambda *shape, dtype=dtype: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
-        cache_shape = (batch, self.kv_heads, cache_len, self.head_dim)
         probe = torch.zeros(1, dtype=dtype, device=device)
         cos, sin = self.base.model.rotary_emb(probe, torch.arange(cache_len, device=device)[None])
-        vocab = self.base.lm_head.out_features
-        drawn = torch.ones(max(rows.total, batch), vocab, device=device)
-        state = DecodeState(
-            keys=[zeros(*cache_shape) for _ in self.layers], values=[zeros(*cache_shape) for _ in self.layers],
-            cos=cos[0], sin=sin[0], key_valid=zeros(batch, cache_len, dtype=torch.bool),
-            logits=zeros(batch, vocab), race=drawn[rows.first:rows.first + batch], drawn=drawn,
-            next_input=zeros(batch, dtype=torch.long), position=zeros(batch, dtype=torch.long),
-            step=zeros(1, dtype=torch.long), slot=zeros(1, dtype=torch.long),
-            finished=zeros(batch, dtype=torch.bool), tokens=zeros(batch, cache_len, dtype=torch.long),
-            logprobs=zeros(batch, cache_len, dtype=torch.float32), generated=zeros(batch, cache_len, dtype=torch.bool))
-        if self.compiled:
-            for tensor in (*state.keys, *state.values, state.key_valid, state.tokens, state.logprobs, state.generated):
-                torch._dynamo.maybe_mark_dynamic(tensor, 0)
-                torch._dynamo.maybe_mark_dynamic(tensor, -2 if tensor.dim() == 4 else 1)
-            for tensor in (state.logits, state.race, state.next_input, state.position, state.finished):
-                torch._dynamo.maybe_mark_dynamic(tensor, 0)
-            for tensor in (state.cos, state.sin):
-                torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        state = decode_state.allocate(slots, cache_len, len(self.layers), self.kv_heads, self.head_dim,
+                                      self.base.lm_head.out_features, cos[0], sin[0], dtype, device)
         self.states[key] = state
         return state
 
     # -- CUDA graphs ----------------------------------------------------------------------------------
-    def _use_graphs(self) -> bool:
-        return self.cuda_graphs and self.device.type == "cuda"
-
-    def _graph(self, state: DecodeState, sampling: Sampling):
-        """The replay function of this state's step graph for these sampling settings (captured once)."""
-        if sampling not in state.graphs:
-            # warm up on a side stream first (compiles, and lets cuBLAS and the allocator settle); the
-            # state's contents are garbage afterwards, `_prefill` resets them, and the generator is put back
-            # where it was, so a seed gives the same samples with graphs as without
-            rng = self.generator.get_state()
+    def _stepper(self, state: DecodeState, sampling: Sampling):
+        """The step of this (bucket) state: its graph's replay on CUDA (captured once), else the eager step."""
+        if self.compiled:
+            decode_state.mark_dynamic(state)
+        if not (self.cuda_graphs and self.device.type == "cuda"):
+            return lambda: self._step(state, sampling)
+        key = (state.slots, sampling)
+        if key not in state.graphs:
+            # warm up on a side stream first (compiles, and lets cuBLAS and the allocator settle); the state's
+            # contents are garbage afterwards, which is why every bucket is captured before a call fills a slot
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
@@ -299,9 +372,7 @@ class StaticDecoder:
                     self._step(state, sampling)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            graph.register_generator_state(self.generator)
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._step(state, sampling)
-            self.generator.set_state(rng)
-            state.graphs[sampling] = graph
-        return state.graphs[sampling].replay
+            state.graphs[key] = graph
+        return state.graphs[key].replay

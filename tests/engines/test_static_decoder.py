@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from rlfarm.engines.hf import HFEngine
-from rlfarm.engines.sampling import Rows
 from rlfarm.engines.static_decoder import CACHE_ROUNDING, supports
 from rlfarm.models.lm import build_causal_lm, causal_lm, sequence_logprobs
 
@@ -91,8 +90,8 @@ def test_cache_shapes_beyond_the_limit_are_dropped_oldest_first():
     engine = HFEngine(tiny_model(), pad_id=PAD)
     for batch in (1, 2, 3, 4):
         engine.generate(PROMPTS[:1] * batch, n=1, max_new_tokens=2, temperature=0.0)
-    # keyed by (batch, cache length, the rows of the step they are): one engine's batch is the whole step
-    assert list(engine._static.states) == [(b, CACHE_ROUNDING, Rows(0, b)) for b in (2, 3, 4)]
+    # keyed by (slots, cache length)
+    assert list(engine._static.states) == [(b, CACHE_ROUNDING) for b in (2, 3, 4)]
     engine.sleep()
     assert not engine._static.states
     engine.wake()

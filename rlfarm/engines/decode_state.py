@@ -1,0 +1,107 @@
+"""The tensors of the static decoder (`rlfarm.engines.static_decoder`): a slot-major KV cache and per-slot
+decoding state, allocated once per (slots, cache length) so captured CUDA graphs replay on the same memory.
+
+A slot is one batch row: it holds one sample at a time, from the prompt's prefill (columns [0, P) of its cache
+row, P = the call's padded prompt length) to its end, then the next queued sample takes it. Every per-slot
+counter (cache column, position, token index) is a tensor of its own, so slots at different points of their
+samples decode in one step. The batch may run on a prefix of the slots (an active-batch bucket, `view`): the
+prefix of a slot-major tensor is a view of the same memory, so each bucket's graph reads and writes the one cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+
+# fields with a slot (batch) dimension first: what a bucket view slices and what moving a sample copies
+PER_SLOT = ("keys", "values", "key_valid", "logits", "next_input", "position", "column", "step", "limit",
+            "forced_at", "sample_id", "finished", "tokens", "logprobs", "generated")
+
+
+@dataclass
+class DecodeState:
+    keys: list[torch.Tensor]          # per layer [B, kv_heads, S, D]; column c of a row holds its token at column c
+    values: list[torch.Tensor]
+    cos: torch.Tensor                 # [S, D] rotary table by position
+    sin: torch.Tensor
+    key_valid: torch.Tensor           # [B, S] bool: columns a query may attend to
+    logits: torch.Tensor              # [B, V] the logits the next token is sampled from
+    next_input: torch.Tensor          # [B] the token fed at the next forward
+    position: torch.Tensor            # [B] its position id
+    column: torch.Tensor              # [B] the cache column its key/value go to (= P + token index)
+    step: torch.Tensor                # [B] index of the next sampled token in its sample
+    limit: torch.Tensor               # [B] the sample ends after this many tokens (the cap, or a synthetic length)
+    forced_at: torch.Tensor           # [B] token index where the end token is forced (-1: nowhere)
+    sample_id: torch.Tensor           # [B] the sample's index in the step: keys its sampling noise (`noise`)
+    seed: torch.Tensor                # [] the call's seed
+    finished: torch.Tensor            # [B] bool: the slot's sample has ended (or the slot is empty)
+    tokens: torch.Tensor              # [B, S] sampled tokens by token index (pad after the end)
+    logprobs: torch.Tensor            # [B, S] float32
+    generated: torch.Tensor           # [B, S] bool: the token was generated before the sample ended
+    graphs: dict = field(default_factory=dict)  # (bucket, Sampling) → torch.cuda.CUDAGraph
+    views: dict = field(default_factory=dict)   # bucket → DecodeState over the first `bucket` slots
+
+    @property
+    def slots(self) -> int:
+        return self.finished.shape[0]
+
+    @property
+    def cache_len(self) -> int:
+        return self.key_valid.shape[1]
+
+    def view(self, bucket: int) -> DecodeState:
+        """This state's first `bucket` slots (views of the same memory), made once per bucket so that a graph
+        captured on it and the eager path see the same tensor objects."""
+        if bucket == self.slots:
+            return self
+        if bucket not in self.views:
+            cut = {name: _prefix(getattr(self, name), bucket) for name in PER_SLOT}
+            self.views[bucket] = replace(self, **cut, graphs={}, views={})
+        return self.views[bucket]
+
+    def move(self, source: list[int], target: list[int]) -> None:
+        """Move the samples of slots `source` to the empty slots `target` (a batch shrinking to a bucket)."""
+        device = self.finished.device
+        src, dst = torch.tensor(source, device=device), torch.tensor(target, device=device)
+        for name in PER_SLOT:
+            for tensor in _as_list(getattr(self, name)):
+                tensor.index_copy_(0, dst, tensor.index_select(0, src))
+        self.finished.index_fill_(0, src, True)
+
+
+def _prefix(value, bucket: int):
+    return [t[:bucket] for t in value] if isinstance(value, list) else value[:bucket]
+
+
+def _as_list(value) -> list[torch.Tensor]:
+    return value if isinstance(value, list) else [value]
+
+
+def allocate(slots: int, cache_len: int, layers: int, kv_heads: int, head_dim: int, vocab: int,
+             cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, device: torch.device) -> DecodeState:
+    """A fresh state: every slot empty (finished)."""
+    def zeros(*shape, kind=dtype):
+        return torch.zeros(*shape, dtype=kind, device=device)
+
+    cache = (slots, kv_heads, cache_len, head_dim)
+    counters = {name: zeros(slots, kind=torch.long) for name in
+                ("next_input", "position", "column", "step", "limit", "forced_at", "sample_id")}
+    return DecodeState(
+        keys=[zeros(*cache) for _ in range(layers)], values=[zeros(*cache) for _ in range(layers)], cos=cos,
+        sin=sin, key_valid=zeros(slots, cache_len, kind=torch.bool), logits=zeros(slots, vocab), **counters,
+        seed=zeros((), kind=torch.long), finished=torch.ones(slots, dtype=torch.bool, device=device),
+        tokens=zeros(slots, cache_len, kind=torch.long), logprobs=zeros(slots, cache_len, kind=torch.float32),
+        generated=zeros(slots, cache_len, kind=torch.bool))
+
+
+def mark_dynamic(state: DecodeState) -> None:
+    """torch.compile: slots and cache length vary between states and buckets; one compilation serves them all."""
+    for item in fields(state):
+        if item.name not in PER_SLOT and item.name not in ("cos", "sin"):
+            continue
+        for tensor in _as_list(getattr(state, item.name)):
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+            if tensor.dim() == 4:
+                torch._dynamo.maybe_mark_dynamic(tensor, 2)
+            elif tensor.dim() == 2 and item.name not in ("logits", "cos", "sin"):
+                torch._dynamo.maybe_mark_dynamic(tensor, 1)
