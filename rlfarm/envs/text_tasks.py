@@ -3,6 +3,8 @@
 Digit tasks (`copy`, `reverse`, `add`) speak a character-level vocabulary (`DigitTokenizer`); a prompt is
 BOS + question + '=' and the answer is the text the policy should write before EOS, e.g.
 copy: "^3141=" → "3141", reverse: "^3141=" → "1413", add: "^0042+0815=" → "857".
+`copy_var` copies 1 … num_digits digits (the count drawn per prompt): answers of varied length, so a decoder's
+rows end at different steps on real end tokens (what continuous refill is tested on, on CPU).
 `PromptDataset` reads question/answer records (GSM8K-style) from local JSONL or Parquet; `PromptTask` serves
 them to a policy through its own Hugging Face tokenizer (`rlfarm.envs.hf_tokenizer.HFTokenizer`, which digit
 tasks can speak too). `TextTaskSpec` is what an on-policy role is told, `text_task` builds the task from it.
@@ -65,6 +67,11 @@ def _reverse(rng: np.random.Generator, num_digits: int) -> tuple[str, str]:
     return digits + "=", digits[::-1]
 
 
+def _copy_var(rng: np.random.Generator, num_digits: int) -> tuple[str, str]:
+    digits = "".join(map(str, rng.integers(0, 10, int(rng.integers(1, num_digits + 1)))))
+    return digits + "=", digits
+
+
 def _add(rng: np.random.Generator, num_digits: int) -> tuple[str, str]:
     # Operands are zero-padded so every prompt of a task has the same length.
     a, b = (int(x) for x in rng.integers(0, 10 ** num_digits, 2))
@@ -72,7 +79,7 @@ def _add(rng: np.random.Generator, num_digits: int) -> tuple[str, str]:
 
 
 DIGIT_TASKS: dict[str, Callable[[np.random.Generator, int], tuple[str, str]]] = {
-    "copy": _copy, "reverse": _reverse, "add": _add,
+    "copy": _copy, "reverse": _reverse, "add": _add, "copy_var": _copy_var,
 }
 
 
