@@ -12,6 +12,12 @@ the full length), at each batch size, measured three ways in one run:
 tokens/s = batch × new_tokens / wall time of the whole call (prefill included). Each rlfarm row also
 carries `prefill_s` (a call with one new token) and `decode_ms_per_step`, the rest spread over the steps,
 so a gap to the target can be read as prefill or decode.
+
+`shape` (a conf/model name, e.g. qwen2_5_7b_shape) replaces `sizes.model` with that file's config, vocabulary
+included. `sizes.long_tail` adds the long-tail cases — continuous refill against the fixed batch in useful
+tokens/s, and the decode step against the HBM bound (`rlfarm.bench.engine_long_tail`) — and `profile=true`
+writes a kernel table of the decode step to <run dir>/decode_profile.txt (`rlfarm.bench.engine_profile`).
+`sizes.batches=[]` skips the throughput cases (the long-tail ones alone).
 """
 from __future__ import annotations
 
@@ -22,7 +28,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.bench.common import median_rate, sizes
+from rlfarm.bench.engine_long_tail import run_long_tail
+from rlfarm.config import CONF_DIR
 from rlfarm.engines.hf import HFEngine
+from rlfarm.errors import ConfigError
 from rlfarm.models.lm import build_causal_lm
 
 PLAIN, STATIC, OURS, OURS_GRAPHS = ("hf generate", "hf static+compile", "rlfarm engine",
@@ -34,11 +43,12 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
     size = sizes(cfg, device)
     dtype = getattr(torch, str(cfg.dtype)) if device == "cuda" else torch.float32
     torch.manual_seed(int(cfg.seed))
+    shape = model_shape(cfg.get("shape"), size.model)
     with torch.device(device):  # initialize on the device: a CPU init of 0.5B parameters takes seconds
-        model = build_causal_lm(OmegaConf.to_container(size.model, resolve=True)).to(dtype).eval()
+        model = build_causal_lm(shape).to(dtype).eval()
     model.generation_config.eos_token_id = None  # every row runs the full length, in every method
     model.generation_config.pad_token_id = 0
-    vocab = int(size.model.vocab_size)
+    vocab = int(shape["vocab_size"])
     new_tokens, prompt_len, repeats = int(size.new_tokens), int(size.prompt_len), int(size.repeats)
     # the default engine (on CUDA: static cache, compiled step, CUDA graphs), and graphs without compile
     engines = {OURS: HFEngine(model, pad_id=0, device=device, seed=int(cfg.seed))}
@@ -80,8 +90,26 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
         for row in rows:
             if row["case"].startswith(OURS) and row["batch"] in static_batches:
                 row["vs_static_compile"] = round(row["value"] / rows_value(rows, f"{STATIC} b{row['batch']}"), 2)
+    long_tail = size.get("long_tail")
+    if long_tail is not None:
+        profile_steps = int(cfg.profile_steps) if cfg.get("profile") else 0
+        for row in run_long_tail(model, long_tail, device, int(cfg.seed), vocab, profile_steps):
+            add(row)
     gc.collect()
     return rows
+
+
+def model_shape(name: str | None, sizes_model) -> dict:
+    """The model config: conf/model/<name>.yaml's `config` when a shape is named, else the sizes' model."""
+    if not name:
+        return OmegaConf.to_container(sizes_model, resolve=True)
+    path = CONF_DIR / "model" / f"{name}.yaml"
+    config = OmegaConf.load(path).get("config") if path.is_file() else None
+    if config is None or "vocab_size" not in config:
+        shapes = sorted(p.stem for p in (CONF_DIR / "model").glob("*_shape.yaml"))
+        raise ConfigError(f"bench.shape={name}: no model shape of that name with a vocabulary",
+                          f"use one of: {', '.join(shapes)}")
+    return OmegaConf.to_container(config, resolve=True)
 
 
 def hf_generate_rate(model, prompts: torch.Tensor, new_tokens: int, device: str, repeats: int,

@@ -101,6 +101,14 @@ class HFEngine(Engine):
                        group_size=n, temperature=temperature if temperature > 0 else 1.0,
                        weight_version=self.weight_version)
 
+    def prepare(self, num_prompts: int, n: int, prompt_len: int, max_new_tokens: int, temperature: float = 1.0,
+                top_p: float = 1.0, eos_id: StopIds = None) -> None:
+        """Allocate the cache of a call of this shape and capture its CUDA graphs now (`StaticDecoder.prepare`),
+        so the call itself does not pay for them. A no-op on the HF-cache path."""
+        if self._static is not None:
+            sampling = static_decoder.Sampling(float(temperature), float(top_p), stop_ids(eos_id))
+            self._static.prepare(num_prompts * n, prompt_len, max_new_tokens, sampling, self.max_batch, self.refill)
+
     @property
     def last_call(self) -> static_decoder.Calls | None:
         """What the static decoder's last call did (decode steps, prefills, slots); None on the HF-cache path."""

@@ -10,8 +10,7 @@ convention of `rlfarm.data` exactly.
 
 Slots and refill. A call's samples (n per prompt, prompt-major) queue for `slots` batch rows. With `refill`, a
 row whose sample ended (its end token, the cap, or a synthetic length: `rlfarm.engines.synthetic_lengths`)
-hands its slot to the next queued sample at the next check (every `stop_check_every` steps, sooner when the host
-knows a row reaches its limit): the newcomer's prefill writes its prompt into that slot's cache row while the
+hands its slot to the next queued sample at the next check (every `stop_check_every` steps): the newcomer's prefill writes its prompt into that slot's cache row while the
 other rows keep their place, and decoding goes on, until the call's samples are all done. Once the queue is empty
 the batch shrinks through buckets (the slots, then powers of two down to MIN_BUCKET): the rows still running
 move to the lowest slots and the step runs on that prefix. Without `refill` the slots decode in waves, each to
@@ -150,10 +149,8 @@ class StaticDecoder:
         width = the longest sample."""
         prompts, prompt_len = prompt.shape
         samples = prompts * n
-        slots = min(max_batch or samples, samples)
-        state = self._state(slots, prompt_len + max_new_tokens)
-        sizes = buckets(slots) if refill else [slots]
-        steps = {size: self._stepper(state.view(size), sampling) for size in sizes}  # captured before any fill
+        state, sizes, steps = self.prepare(samples, prompt_len, max_new_tokens, sampling, max_batch, refill)
+        slots = state.slots
         state.seed.fill_(seed)
         state.finished.fill_(True)
         ids = torch.arange(samples, device=self.device) + first_sample
@@ -185,23 +182,33 @@ class StaticDecoder:
         while any(sample is not None for sample in holder):
             active = [slot for slot, sample in enumerate(holder) if sample is not None]
             size = min(size for size in sizes if size > active[-1])
-            left = [limit_of[holder[s]] - (decoded - started[s]) for s in active]
-            block = min(stop_check_every, min(left) if refill else max(left))
-            for _ in range(max(block, 1)):
+            # a check every stop_check_every steps, sooner when every row reaches its limit before that
+            block = max(1, min(stop_check_every, max(limit_of[holder[s]] - (decoded - started[s]) for s in active)))
+            for _ in range(block):
                 steps[size]()
-            decoded += max(block, 1)
+            decoded += block
             done = state.finished[:size].tolist()
             ended = [s for s in active if done[s]] if refill else (active if all(done[s] for s in active) else [])
             if ended:
                 self._harvest(state, out, ended, [holder[s] for s in ended], max_new_tokens)
                 for slot in ended:
                     holder[slot] = None
-                fill([slot for slot in range(slots) if holder[slot] is None] if refill or queue < samples else [])
+                fill([slot for slot in range(slots) if holder[slot] is None])
             if refill and queue == samples:
                 self._shrink(state, holder, started, sizes)
         self.last_call = Calls(decoded, prefills, slots)
         width = max(int(out[2].sum(dim=1).max()), 1)
         return out[0][:, :width], out[1][:, :width], out[2][:, :width]
+
+    def prepare(self, samples: int, prompt_len: int, max_new_tokens: int, sampling: Sampling,
+                max_batch: int | None = None, refill: bool = True):
+        """The state of a call of this shape and the step of each of its buckets: on CUDA their graphs are
+        captured here (compiling first, when compile is on), before any slot is filled — call it ahead to keep
+        capture out of a timed or latency-bound call. Returns (state, buckets, bucket → step)."""
+        slots = min(max_batch or samples, samples)
+        state = self._state(slots, prompt_len + max_new_tokens)
+        sizes = buckets(slots) if refill else [slots]
+        return state, sizes, {size: self._stepper(state.view(size), sampling) for size in sizes}
 
     def _harvest(self, state: DecodeState, out, slots: list[int], samples: list[int], width: int) -> None:
         """Copy the ended samples of `slots` into the call's output rows `samples`."""

@@ -1,4 +1,5 @@
-"""`rlfarm bench engine`: the built-in engine next to HF generate, in one run (tiny sizes on CPU)."""
+"""`rlfarm bench engine`: the built-in engine next to HF generate, and the long-tail cases (refill vs fixed batch,
+the decode step vs the HBM bound, its kernel profile), in one run (tiny sizes on CPU)."""
 import json
 
 import pytest
@@ -6,15 +7,27 @@ import pytest
 from helpers import rlfarm
 
 
-def test_bench_engine_on_cpu_writes_each_batch_next_to_hf_generate(tmp_path):
-    out = rlfarm("bench", "engine", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
+def test_bench_engine_on_cpu_writes_each_batch_next_to_hf_generate_and_the_long_tail_cases(tmp_path):
+    out = rlfarm("bench", "engine", "device=cpu", "bench.profile=true", "bench.profile_steps=2",
+                 f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "bench.json").read_text())
     rows = {row["case"]: row for row in result["rows"]}
     assert result["bench"] == "engine" and result["device_name"].startswith("cpu")
-    assert set(rows) == {"hf generate b2", "rlfarm engine b2", "hf generate b8", "rlfarm engine b8"}
+    assert set(rows) == {"hf generate b2", "rlfarm engine b2", "hf generate b8", "rlfarm engine b8",
+                         "long-tail fixed batch", "long-tail refill", "decode step b4"}
     for batch in (2, 8):
         ours = rows[f"rlfarm engine b{batch}"]
         assert ours["baseline"] == f"hf generate b{batch}" and ours["unit"] == "tok/s"
         assert ours["ratio"] == pytest.approx(ours["value"] / rows[f"hf generate b{batch}"]["value"])
         assert ours["prefill_s"] > 0 and ours["decode_ms_per_step"] > 0
+    fixed, refill = rows["long-tail fixed batch"], rows["long-tail refill"]
+    assert refill["baseline"] == "long-tail fixed batch" and refill["unit"] == "useful tok/s"
+    assert refill["useful_tokens"] == fixed["useful_tokens"] < fixed["prompts"] * fixed["cap"]  # same samples, ended early
+    assert refill["decode_steps"] < fixed["decode_steps"] and refill["useful_frac"] > fixed["useful_frac"]
+    assert "synthetic (speed run)" in refill["lengths"]
+    step = rows["decode step b4"]
+    assert step["unit"] == "ms/step" and step["value"] > 0 and step["hbm_tb_s"] == 0.05
+    assert step["of_hbm_bound"] == pytest.approx(step["hbm_bound_ms"] / step["value"], rel=0.01, abs=1e-3)
+    profile = (tmp_path / "run" / "decode_profile.txt").read_text()
+    assert step["profile"].endswith("decode_profile.txt") and "aten::mm" in profile
