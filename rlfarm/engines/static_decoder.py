@@ -183,9 +183,13 @@ class StaticDecoder:
             active = [slot for slot, sample in enumerate(holder) if sample is not None]
             size = min(size for size in sizes if size > active[-1])
             # a check every stop_check_every steps, sooner when every row reaches its limit before that
-            block = max(1, min(stop_check_every, max(limit_of[holder[s]] - (decoded - started[s]) for s in active)))
-            for _ in range(block):
-                steps[size]()
+            longest = max(limit_of[holder[s]] - (decoded - started[s]) for s in active)
+            block = max(1, min(stop_check_every, longest))
+            for i in range(block):
+                if i == longest - 1:  # every row samples its last token: no forward needed after it
+                    self._sample_fn(state.view(size), sampling)
+                else:
+                    steps[size]()
             decoded += block
             done = state.finished[:size].tolist()
             ended = [s for s in active if done[s]] if refill else (active if all(done[s] for s in active) else [])
