@@ -97,10 +97,12 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Calls:
-    """What one `generate` call did: decode steps run, prefill calls, and the slots it ran on."""
+    """What one `generate` call did: decode steps run, prefill calls, the slots it ran on, and the smallest
+    active-batch bucket it stepped."""
     decode_steps: int
     prefills: int
     slots: int
+    smallest_bucket: int
 
 
 class StaticDecoder:
@@ -164,7 +166,7 @@ class StaticDecoder:
                torch.zeros(samples, max_new_tokens, dtype=torch.bool, device=self.device))
         holder: list[int | None] = [None] * slots  # slot → the sample it holds
         started = [0] * slots                     # slot → decode steps run when its sample started
-        queue, decoded, prefills = 0, 0, 0
+        queue, decoded, prefills, smallest = 0, 0, 0, slots
 
         def fill(free: list[int]) -> None:
             nonlocal queue, prefills
@@ -182,6 +184,7 @@ class StaticDecoder:
         while any(sample is not None for sample in holder):
             active = [slot for slot, sample in enumerate(holder) if sample is not None]
             size = min(size for size in sizes if size > active[-1])
+            smallest = min(smallest, size)
             # a check every stop_check_every steps, sooner when every row reaches its limit before that
             longest = max(limit_of[holder[s]] - (decoded - started[s]) for s in active)
             block = max(1, min(stop_check_every, longest))
@@ -200,7 +203,7 @@ class StaticDecoder:
                 fill([slot for slot in range(slots) if holder[slot] is None])
             if refill and queue == samples:
                 self._shrink(state, holder, started, sizes)
-        self.last_call = Calls(decoded, prefills, slots)
+        self.last_call = Calls(decoded, prefills, slots, smallest)
         width = max(int(out[2].sum(dim=1).max()), 1)
         return out[0][:, :width], out[1][:, :width], out[2][:, :width]
 
