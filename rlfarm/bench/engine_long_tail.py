@@ -77,7 +77,8 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
     ids = torch.randint(1, vocab - 1, (prompts, prompt_len), generator=torch.Generator().manual_seed(seed)).tolist()
     end = vocab - 1
     common = {"unit": "useful tok/s", "slots": slots, "prompts": prompts, "prompt_len": prompt_len, "cap": cap,
-              "lengths": f"synthetic (speed run): median {lengths.median_frac:.3g}·cap, p99 {lengths.p99_frac:.3g}·cap"}
+              "lengths": f"synthetic (speed run): median {lengths.median_frac:.3g}·cap, "
+                         f"p99 {lengths.p99_frac:.3g}·cap"}
     # one engine for every case (one compilation, one cache); its mode is set per case
     engine = HFEngine(model, pad_id=0, device=device, seed=seed, max_batch=slots,
                       stop_check_every=int(cfg.stop_check_every))

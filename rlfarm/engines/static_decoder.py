@@ -10,10 +10,11 @@ convention of `rlfarm.data` exactly.
 
 Slots and refill. A call's samples (n per prompt, prompt-major) queue for `slots` batch rows. With `refill`, a
 row whose sample ended (its end token, the cap, or a synthetic length: `rlfarm.engines.synthetic_lengths`)
-hands its slot to the next queued sample at the next check (every `stop_check_every` steps): the newcomer's prefill writes its prompt into that slot's cache row while the
-other rows keep their place, and decoding goes on, until the call's samples are all done. Once the queue is empty
-the batch shrinks through buckets (the slots, then powers of two down to MIN_BUCKET): the rows still running
-move to the lowest slots and the step runs on that prefix. Without `refill` the slots decode in waves, each to
+hands its slot to the next queued sample at the next check (every `stop_check_every` steps): the newcomer's
+prefill writes its prompt into that slot's cache row while the other rows keep their place, and decoding goes
+on, until the call's samples are all done. Once the queue is empty the batch shrinks through buckets (the
+slots, then powers of two down to MIN_BUCKET): the rows still running move to the lowest slots and the step
+runs on that prefix. Without `refill` the slots decode in waves, each to
 its longest sample (finished rows keep decoding): the fixed batch, kept as the baseline.
 The cache is slot-major and fixed (slots × cache length, rounded up to CACHE_ROUNDING tokens), not paged: RL
 calls share one cap, so a slot never needs more than its row; the bucket views and the graphs need tensors

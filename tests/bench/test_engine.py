@@ -23,7 +23,8 @@ def test_bench_engine_on_cpu_writes_each_batch_next_to_hf_generate_and_the_long_
         assert ours["prefill_s"] > 0 and ours["decode_ms_per_step"] > 0
     fixed, refill = rows["long-tail fixed batch"], rows["long-tail refill"]
     assert refill["baseline"] == "long-tail fixed batch" and refill["unit"] == "useful tok/s"
-    assert refill["useful_tokens"] == fixed["useful_tokens"] < fixed["prompts"] * fixed["cap"]  # same samples, ended early
+    # the same samples, ended early
+    assert refill["useful_tokens"] == fixed["useful_tokens"] < fixed["prompts"] * fixed["cap"]
     assert refill["decode_steps"] < fixed["decode_steps"] and refill["useful_frac"] > fixed["useful_frac"]
     assert "synthetic (speed run)" in refill["lengths"]
     step = rows["decode step b4"]

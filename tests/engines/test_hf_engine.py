@@ -11,14 +11,6 @@ TINY = {"model_type": "qwen2", "vocab_size": 15, "hidden_size": 32, "intermediat
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny_model(seed: int = 0, model_type: str = "qwen2"):
     torch.manual_seed(seed)
     return build_causal_lm({**TINY, "model_type": model_type}).eval()

@@ -15,14 +15,6 @@ TINY = {"vocab_size": 15, "hidden_size": 32, "intermediate_size": 64, "num_hidde
 PROMPTS = [[1, 5, 6, 7, 8, 14], [1, 9, 14], [1, 3, 4, 5, 6, 7, 8, 9, 14]]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny_model(model_type: str = "qwen2", seed: int = 0, **overrides):
     torch.manual_seed(seed)
     return build_causal_lm({**TINY, "model_type": model_type, **overrides}).eval()
