@@ -87,9 +87,9 @@ class EngineRole:
     task: what to prompt with (None: the digit task of `cfg`).
     shard = (index, count): this engine's share of a step split across `count` engines (data-parallel
     rollout): every engine draws the step's prompts from the same stream and generates prompts
-    index·P/count … (index+1)·P/count − 1 of them, with its rows of the step's sampling noise (`Rows`). From the
-    same seed the engines' parts of the first step, joined in index order, are what one engine generates; later
-    steps are drawn alike but not identically (each engine's noise stream advances by its own decode steps)."""
+    index·P/count … (index+1)·P/count − 1 of them; its samples' noise is keyed by their index in the step (`Rows`,
+    `rlfarm.engines.noise`). From the same seed the engines' parts of every step, joined in index order, are what
+    one engine generates (as far as the arithmetic of different batch sizes allows)."""
 
     def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32", task: TextTaskSpec | None = None,
                  shard: tuple[int, int] = (0, 1)):
