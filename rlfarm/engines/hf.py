@@ -107,7 +107,8 @@ class HFEngine(Engine):
         so the call itself does not pay for them. A no-op on the HF-cache path."""
         if self._static is not None:
             sampling = static_decoder.Sampling(float(temperature), float(top_p), stop_ids(eos_id))
-            self._static.prepare(num_prompts * n, prompt_len, max_new_tokens, sampling, self.max_batch, self.refill)
+            self._static.prepare(num_prompts * n, prompt_len, max_new_tokens, sampling, self.max_batch, self.refill,
+                                 ragged=bool(sampling.stop_ids) or self.lengths is not None)
 
     @property
     def last_call(self) -> static_decoder.Calls | None:

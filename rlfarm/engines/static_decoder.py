@@ -152,7 +152,8 @@ class StaticDecoder:
         width = the longest sample."""
         prompts, prompt_len = prompt.shape
         samples = prompts * n
-        state, sizes, steps = self.prepare(samples, prompt_len, max_new_tokens, sampling, max_batch, refill)
+        state, sizes, steps = self.prepare(samples, prompt_len, max_new_tokens, sampling, max_batch, refill,
+                                           ragged=bool(sampling.stop_ids) or lengths is not None)
         slots = state.slots
         state.seed.fill_(seed)
         state.finished.fill_(True)
@@ -209,13 +210,14 @@ class StaticDecoder:
         return out[0][:, :width], out[1][:, :width], out[2][:, :width]
 
     def prepare(self, samples: int, prompt_len: int, max_new_tokens: int, sampling: Sampling,
-                max_batch: int | None = None, refill: bool = True):
+                max_batch: int | None = None, refill: bool = True, ragged: bool = True):
         """The state of a call of this shape and the step of each of its buckets: on CUDA their graphs are
         captured here (compiling first, when compile is on), before any slot is filled — call it ahead to keep
-        capture out of a timed or latency-bound call. Returns (state, buckets, bucket → step)."""
+        capture out of a timed or latency-bound call. ragged: samples may end at different steps (an end token
+        or synthetic lengths); else they end together and one bucket serves. Returns (state, buckets, steps)."""
         slots = min(max_batch or samples, samples)
         state = self._state(slots, prompt_len + max_new_tokens)
-        sizes = buckets(slots) if refill else [slots]
+        sizes = buckets(slots) if refill and ragged else [slots]
         return state, sizes, {size: self._stepper(state.view(size), sampling) for size in sizes}
 
     def _harvest(self, state: DecodeState, out, slots: list[int], samples: list[int], width: int) -> None:
