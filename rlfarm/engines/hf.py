@@ -157,7 +157,7 @@ class HFEngine(Engine):
         return output.logits[:, -1]
 
     def reseed(self, seed: int) -> None:
-        """Restart the sampling stream (the static decoder draws from the same generator)."""
+        """Restart the sampling stream (each call draws its seed from it, `generate`)."""
         self._generator.manual_seed(seed)
 
     @torch.no_grad()
