@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
+from rlfarm.engines.noise import column_keys
+
 # fields with a slot (batch) dimension first: what a bucket view slices and what moving a sample copies
 PER_SLOT = ("keys", "values", "key_valid", "logits", "next_input", "position", "column", "step", "limit",
             "forced_at", "sample_id", "finished", "tokens", "logprobs", "generated")
@@ -34,6 +36,7 @@ class DecodeState:
     forced_at: torch.Tensor           # [B] token index where the end token is forced (-1: nowhere)
     sample_id: torch.Tensor           # [B] the sample's index in the step: keys its sampling noise (`noise`)
     seed: torch.Tensor                # [] the call's seed
+    column_keys: torch.Tensor         # [V] the sampling noise's key per vocabulary id (`noise.column_keys`)
     finished: torch.Tensor            # [B] bool: the slot's sample has ended (or the slot is empty)
     tokens: torch.Tensor              # [B, S] sampled tokens by token index (pad after the end)
     logprobs: torch.Tensor            # [B, S] float32
@@ -89,7 +92,8 @@ def allocate(slots: int, cache_len: int, layers: int, kv_heads: int, head_dim: i
     return DecodeState(
         keys=[zeros(*cache) for _ in range(layers)], values=[zeros(*cache) for _ in range(layers)], cos=cos,
         sin=sin, key_valid=zeros(slots, cache_len, kind=torch.bool), logits=zeros(slots, vocab), **counters,
-        seed=zeros((), kind=torch.long), finished=torch.ones(slots, dtype=torch.bool, device=device),
+        seed=zeros((), kind=torch.long), column_keys=column_keys(vocab, device),
+        finished=torch.ones(slots, dtype=torch.bool, device=device),
         tokens=zeros(slots, cache_len, kind=torch.long), logprobs=zeros(slots, cache_len, kind=torch.float32),
         generated=zeros(slots, cache_len, kind=torch.bool))
 

@@ -19,7 +19,7 @@ from torch import nn
 from rlfarm.data import Rollout, StopIds, stop_ids
 from rlfarm.engines import static_decoder
 from rlfarm.engines.base import Engine, hits_stop
-from rlfarm.engines.noise import race_noise
+from rlfarm.engines.noise import column_keys, race_noise
 from rlfarm.engines.sampling import Rows, nucleus_filter, sample_tokens  # noqa: F401 (part of this module's API)
 from rlfarm.engines.synthetic_lengths import SyntheticLengths
 from rlfarm.engines.synthetic_lengths import synthetic_lengths as length_model
@@ -134,8 +134,9 @@ class HFEngine(Engine):
         logits = self._next_logits(prompt, prompt_mask, position_ids_from_mask(prompt_mask), cache)
         sample_ids = torch.arange(samples, device=self.device) + first
         seed_tensor = torch.tensor(seed, device=self.device)
+        columns = column_keys(logits.shape[-1], self.device)
         for t in range(max_new_tokens):
-            race = (race_noise(seed_tensor, sample_ids, torch.full_like(sample_ids, t), logits.shape[-1])
+            race = (race_noise(seed_tensor, sample_ids, torch.full_like(sample_ids, t), columns)
                     if temperature > 0 else None)
             token, logprob = sample_tokens(logits, temperature, top_p, race=race)
             generated[:, t] = ~finished

@@ -36,10 +36,16 @@ def uniforms(keys: torch.Tensor) -> torch.Tensor:
     return ((keys >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 
-def race_noise(seed: torch.Tensor, sample_ids: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+def column_keys(vocab: int, device: torch.device | str) -> torch.Tensor:
+    """One 32-bit key per vocabulary id [vocab] int64. Made once, outside any compiled graph: inside one, inductor
+    folds `arange * GOLDEN` into its int32 index arithmetic, which cannot hold the product (Triton refuses the
+    constant, or the product wraps and the noise differs from the CPU's)."""
+    return mix32((torch.arange(vocab, dtype=torch.long, device=device) * GOLDEN) & MASK32)
+
+
+def race_noise(seed: torch.Tensor, sample_ids: torch.Tensor, steps: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
     """Exp(1) noise [B, vocab] for the exponential race of `rlfarm.engines.sampling.sample_tokens`: row b is the
-    noise of token `steps[b]` of sample `sample_ids[b]` under `seed`."""
-    columns = mix32((torch.arange(vocab, device=sample_ids.device) * GOLDEN) & MASK32)
+    noise of token `steps[b]` of sample `sample_ids[b]` under `seed`; `columns` = `column_keys(vocab, device)`."""
     element = mix32(row_keys(seed, sample_ids, steps)[:, None] ^ columns[None, :])
     return -torch.log(uniforms(element))
 

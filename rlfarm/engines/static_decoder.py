@@ -249,7 +249,7 @@ class StaticDecoder:
         self._forward_fn(state)
 
     def _sample_and_record(self, state: DecodeState, sampling: Sampling) -> None:
-        race = (race_noise(state.seed, state.sample_id, state.step, state.logits.shape[-1])
+        race = (race_noise(state.seed, state.sample_id, state.step, state.column_keys)
                 if sampling.temperature > 0 else None)
         force = state.step == state.forced_at
         token, logprob = sample_tokens(state.logits, sampling.temperature, sampling.top_p, race=race,

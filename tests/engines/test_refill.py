@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlfarm.engines.hf import HFEngine
-from rlfarm.engines.noise import race_noise
+from rlfarm.engines.noise import column_keys, race_noise
 from rlfarm.engines.static_decoder import buckets
 from rlfarm.engines.synthetic_lengths import SyntheticLengths
 from rlfarm.envs.text_tasks import DigitTask
@@ -98,9 +98,9 @@ def test_synthetic_lengths_end_each_sample_on_a_forced_end_token():
 def test_noise_is_exponential_and_keyed_by_sample_and_token_only():
     seed = torch.tensor(11)
     ids, steps = torch.arange(64), torch.arange(64) % 5
-    noise = race_noise(seed, ids, steps, 4096)
+    noise = race_noise(seed, ids, steps, column_keys(4096, 'cpu'))
     assert noise.mean().item() == pytest.approx(1.0, abs=0.01) and noise.min() > 0
     assert noise.std().item() == pytest.approx(1.0, abs=0.02)
     order = torch.randperm(64)  # a sample's noise does not depend on its row
-    assert torch.equal(race_noise(seed, ids[order], steps[order], 4096), noise[order])
-    assert not torch.equal(race_noise(seed, ids, steps + 1, 4096), noise)
+    assert torch.equal(race_noise(seed, ids[order], steps[order], column_keys(4096, 'cpu')), noise[order])
+    assert not torch.equal(race_noise(seed, ids, steps + 1, column_keys(4096, 'cpu')), noise)
