@@ -101,6 +101,7 @@ class HFEngine(Engine):
                        group_size=n, temperature=temperature if temperature > 0 else 1.0,
                        weight_version=self.weight_version)
 
+    @torch.no_grad()
     def prepare(self, num_prompts: int, n: int, prompt_len: int, max_new_tokens: int, temperature: float = 1.0,
                 top_p: float = 1.0, eos_id: StopIds = None) -> None:
         """Allocate the cache of a call of this shape and capture its CUDA graphs now (`StaticDecoder.prepare`),

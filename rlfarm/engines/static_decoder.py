@@ -209,6 +209,7 @@ class StaticDecoder:
         width = max(int(out[2].sum(dim=1).max()), 1)
         return out[0][:, :width], out[1][:, :width], out[2][:, :width]
 
+    @torch.no_grad()  # the capture compiles: under autograd inductor would trace a backward of the cache writes
     def prepare(self, samples: int, prompt_len: int, max_new_tokens: int, sampling: Sampling,
                 max_batch: int | None = None, refill: bool = True, ragged: bool = True):
         """The state of a call of this shape and the step of each of its buckets: on CUDA their graphs are
