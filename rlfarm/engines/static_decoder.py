@@ -275,13 +275,15 @@ class StaticDecoder:
         state.key_valid.scatter_(1, state.column.unsqueeze(1), True)
         visible = state.key_valid[:, None, None, :]  # [B, 1, 1, S]
         cos, sin = state.cos[state.position].unsqueeze(1), state.sin[state.position].unsqueeze(1)  # [B, 1, D]
-        at = state.column.view(batch, 1, 1, 1).expand(batch, self.kv_heads, 1, self.head_dim)
+        # each row's key/value into its own column by index_put_: inductor writes just those elements in place,
+        # where scatter_ on the cache became a pass over the whole cache and a copy back, per layer and step
+        rows = torch.arange(batch, device=state.column.device)
         hidden = self.base.model.embed_tokens(state.next_input.unsqueeze(1))  # [B, 1, H]
         for i, layer in enumerate(self.layers):
             attention = layer.self_attn
             query, key, value = self._project(attention, layer.input_layernorm(hidden), cos, sin)
-            state.keys[i].scatter_(2, at, key)
-            state.values[i].scatter_(2, at, value)
+            state.keys[i][rows, :, state.column] = key[:, :, 0]
+            state.values[i][rows, :, state.column] = value[:, :, 0]
             hidden = hidden + attention.o_proj(self._attend_cache(query, state.keys[i], state.values[i], visible))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         state.logits.copy_(self.base.lm_head(self.base.model.norm(hidden))[:, -1])
