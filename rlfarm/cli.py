@@ -1,8 +1,11 @@
 """`rlfarm` entry point: `rlfarm <command> [hydra overrides]`; each command is a Hydra app over conf/.
 
 The only thing read here by hand is the command word; everything after it belongs to Hydra
-(overrides, -m/--multirun, --cfg, --help, hydra/launcher=...). Before Hydra runs, the config is
-composed once to turn a bad override into one clear line instead of a traceback.
+(overrides, -m/--multirun, --cfg, --help, --config-dir, hydra/launcher=...). Before Hydra runs, the config is
+composed once, on the search path Hydra will use (rlfarm.config.search), to turn a bad override into one clear
+line instead of a traceback. The current directory is importable, as under `python -m`: an env or reward module
+of the user's own (env.id=<module>:<Id>, a `_target_`) beside the command is found, by Ray's workers too (Ray
+puts the driver's directory on their path).
 """
 from __future__ import annotations
 
@@ -55,11 +58,19 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         fail(f"unknown command '{command}' — commands are: {', '.join(COMMANDS)}")
     module_name, config_name, _ = COMMANDS[command]
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # after the installed packages: a file here named like one does not shadow it
     module = importlib.import_module(module_name)
     if hasattr(module, "redirect_resume"):
         rest = module.redirect_resume(rest)
     if hasattr(module, "rewrite_args"):  # e.g. `rlfarm bench learner` → bench=learner
         rest = module.rewrite_args(rest)
+    from rlfarm.config import use_command_line
+
+    try:
+        use_command_line(rest)
+    except RlfarmError as error:
+        fail(error)
     if not HYDRA_INFO_FLAGS & set(rest):
         try:
             module.preflight(config_name, rest)

@@ -12,7 +12,8 @@ from dataclasses import is_dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlfarm.config.paths import CONF_DIR, check_paths, group_options
+from rlfarm.config.paths import check_paths
+from rlfarm.config.search import group_options, is_group
 from rlfarm.errors import ConfigError
 from rlfarm.families import family_of
 from rlfarm.settings import RangeError
@@ -100,7 +101,7 @@ def check_targets(cfg: DictConfig) -> None:
         if problem:
             group = path.split(".")[0] if path else ""
             pick = (f" or pick {group}={'|'.join(group_options(group))}"
-                    if path == group and (CONF_DIR / group).is_dir() else "")
+                    if path == group and is_group(group) else "")
             raise ConfigError(f"{path + '.' if path else ''}_target_='{target}' {problem}",
                               f"set {path + '.' if path else ''}_target_=<module.Class>{pick}")
 
