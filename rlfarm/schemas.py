@@ -228,6 +228,9 @@ class GymEnvSchema(Ranged):
     workers: int  # processes stepping the num_envs sub-envs; 0: the runner's own (rlfarm/envs/vector.py)
     batch_render: bool  # MuJoCo sub-envs of a process rendered as tiles in one GL context (envs/vector.py)
     kwargs: Any  # gymnasium.make's keyword arguments
+    # Modules imported before the id is looked up, in every process (rlfarm/envs/registry.py): those that register
+    # a plain env.id of the user's own.
+    imports: Optional[list[str]] = None
     # GPUs the runners render on through EGL (runner i on render_gpus[i % len]); None: all of the node's.
     # Keeps rendering off GPUs that are busy with something else, e.g. the reward model's (docs/benchmarks.md).
     render_gpus: Optional[list[int]] = None

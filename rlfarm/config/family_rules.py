@@ -18,7 +18,7 @@ ENV_REWARD = "rlfarm.rewards.env.EnvReward"
 def check_offpolicy(cfg: DictConfig) -> None:
     """The farm's data path: a registered env; learner ranks only for an actor-learner, whose batches the
     runners' credits must fill."""
-    check_env_id(str(cfg.env.id), cfg.env.get("kwargs"))
+    check_env_id(str(cfg.env.id), cfg.env.get("kwargs"), cfg.env.get("imports"))
     check_learner_ranks(cfg)
     if "batch_chunks" in cfg.algo:
         check_actor_learner(cfg)
@@ -67,7 +67,7 @@ def check_ppo(cfg: DictConfig) -> None:
     if OmegaConf.select(cfg, "env.task", default=None) is not None:
         raise ConfigError(f"algo={cfg.algo.name} runs on gymnasium envs, but env.id={cfg.env.id} is a text task",
                           "pick env=cartpole|pendulum|halfcheetah, or algo=grpo for text tasks")
-    check_env_id(str(cfg.env.id), cfg.env.get("kwargs"))
+    check_env_id(str(cfg.env.id), cfg.env.get("kwargs"), cfg.env.get("imports"))
     batch = int(cfg.algo.rollout_steps) * int(cfg.env.num_envs)
     if int(cfg.algo.minibatches) > batch:
         raise ConfigError(f"algo.minibatches={cfg.algo.minibatches} is more than the {batch} transitions a runner "

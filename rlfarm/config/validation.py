@@ -66,27 +66,20 @@ def check_fitted_reward(cfg: DictConfig) -> None:
         raise ConfigError(f"reward.model: {problem}", fix) from None
 
 
-def check_env_id(env_id: str, kwargs: DictConfig | None = None) -> None:
-    """A registered gymnasium id, or "module:Id" whose module registers it (imported here, as gymnasium would)."""
-    import gymnasium as gym
+def check_env_id(env_id: str, kwargs: DictConfig | None = None, imports=None) -> None:
+    """A registered gymnasium id, or "module:Id" whose module registers it, after the modules of env.imports
+    (imported here and, through the environment, in every process the run starts: rlfarm.envs.registry)."""
+    from rlfarm.envs.registry import UnknownEnvError, registered_spec, use_env_modules
 
-    module, _, name = env_id.rpartition(":")
-    if module:
-        try:
-            importlib.import_module(module)
-        except ImportError as error:
-            raise ConfigError(f"env.id={env_id}: cannot import {module} ({error})",
-                              "fix the module part of env.id (module:Id)") from None
-    if name in gym.registry:
-        if name == "RlfarmAtari-v0":
-            from rlfarm.envs.atari import check_game
+    try:
+        use_env_modules(imports)
+        registered_spec(env_id)
+    except UnknownEnvError as error:
+        raise ConfigError(error.problem, error.fix) from None
+    if env_id.rpartition(":")[2] == "RlfarmAtari-v0":
+        from rlfarm.envs.atari import check_game
 
-            check_game(str((kwargs or {}).get("game", "Pong")))
-        return
-    close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
-    hint = f"did you mean {' or '.join(close)}? " if close else ""
-    raise ConfigError(f"unknown env id '{env_id}'",
-                      f"{hint}use env=pendulum|halfcheetah or env.id=<a registered gymnasium id>")
+        check_game(str((kwargs or {}).get("game", "Pong")))
 
 
 # ---- _target_ nodes: imported as instantiate would (the run imports them next anyway)
