@@ -14,6 +14,7 @@ import os
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 import rlfarm.resolvers  # noqa: F401 - registers the rlfarm.* OmegaConf resolvers the Slurm launcher config uses
 from rlfarm.errors import JobFailed, RlfarmError
@@ -41,7 +42,7 @@ def usage() -> str:
 
 
 def fail(error: RlfarmError | str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {error}", markup=True)
+    err.print(f"[bold red]error:[/] {escape(str(error))}", markup=True)  # "[n, 1]" in a message is not markup
     if os.environ.get("SUBMITIT_FOLDER") and code != 75:
         # Inside a submitit (Slurm sweep) job, SystemExit ends the job without a result file, and the sweep
         # command, where Slurm has no accounting, waits for it forever. An exception becomes the job's result.

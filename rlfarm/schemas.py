@@ -356,7 +356,7 @@ PATH_SETTINGS = {
 
 # The same key where one `_target_` reads something else: (key, the node's _target_) → what it must be.
 PATH_SETTINGS_BY_TARGET = {
-    ("reward.model", "rlfarm.rewards.model.ModuleReward"): PathSetting(PathKind.file, "a file written by rlfarm fit-reward"),
+    ("reward.model", "rlfarm.rewards.model.ModuleReward"): PathSetting(PathKind.file, "a TorchScript file or one written by rlfarm fit-reward"),
 }
 
 # Nodes of groups without a schema whose keys are data, not rlfarm settings, so any key may be added with `+`

@@ -23,11 +23,14 @@ def split_args(args: list[str]) -> tuple[list[str], bool]:
     return overrides, multirun
 
 
-def compose_checked(config_name: str, args: list[str]) -> DictConfig:
-    """train's config (and each sweep variant's): composed, validated, every key known; the run dir writable."""
+def compose_checked(config_name: str, args: list[str], *more: Callable[[DictConfig], None]) -> DictConfig:
+    """train's config (and each sweep variant's): composed, validated, every key known, then the `more` checks;
+    the run dir writable."""
     def check(cfg: DictConfig) -> None:
         validate(cfg)
         check_known_keys(cfg)
+        for extra in more:
+            extra(cfg)
 
     return compose_checked_with(config_name, args, check)
 

@@ -1,13 +1,12 @@
 """What Hydra cannot check while it composes, before a run starts: required keys, the schemas' ranges, the paths
 a config names (rlfarm.config.paths), the rules across config groups of its algorithm family (the family record's
-`rules`, rlfarm/config/family_rules.py), a fitted reward file, an env id, and every `_target_` (imported now,
+`rules`, rlfarm/config/family_rules.py; what only building can tell: rlfarm/config/probes.py), an env id, and every `_target_` (imported now,
 as instantiate would, so a typo fails here and not in a Ray actor)."""
 from __future__ import annotations
 
 import difflib
 import functools
 import importlib
-import os
 from dataclasses import is_dataclass
 
 from omegaconf import DictConfig, OmegaConf
@@ -45,25 +44,6 @@ def validate(cfg: DictConfig) -> None:
     check_paths(cfg)
     family_of(cfg).check_config(cfg)
     check_targets(cfg)
-    check_fitted_reward(cfg)
-
-
-MODULE_REWARD = "rlfarm.rewards.model.ModuleReward"
-
-
-def check_fitted_reward(cfg: DictConfig) -> None:
-    """reward=model reward.model=<file>: the file is one rlfarm fit-reward wrote (read now, not in a labeler)."""
-    model = OmegaConf.select(cfg, "reward.model", default=None)
-    if OmegaConf.select(cfg, "reward._target_", default=None) != MODULE_REWARD or model is None:
-        return
-    from rlfarm.rewards.base import RewardModelError
-    from rlfarm.rewards.fitted import read_fitted
-
-    try:
-        read_fitted(os.path.expanduser(str(model)))
-    except RewardModelError as error:
-        problem, _, fix = str(error).rpartition("; ")
-        raise ConfigError(f"reward.model: {problem}", fix) from None
 
 
 def check_env_id(env_id: str, kwargs: DictConfig | None = None, imports=None) -> None:
