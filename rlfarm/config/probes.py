@@ -51,10 +51,14 @@ def built_reward(cfg: DictConfig):
 
 def check_env_fits(cfg: DictConfig, continuous_only: str | None = None) -> None:
     """The env, made once here: its action space suits the algorithm (`continuous_only`: why it needs Box
-    actions), it renders frames when the reward reads them, and the policy builds for its spaces."""
+    actions), it renders frames when the reward reads them, and the policy builds for its spaces. The `_target_`s
+    are checked first (validate checks them after the family's rules): a typo is named as one, not as a failure
+    to build."""
+    from rlfarm.config.validation import check_targets
     from rlfarm.envs.rendering import make_env
     from rlfarm.envs.spaces import policy_dims
 
+    check_targets(cfg)
     env_id = str(cfg.env.id)
     kwargs = OmegaConf.to_container(cfg.env.kwargs, resolve=True) if cfg.env.get("kwargs") else {}
     try:

@@ -132,6 +132,10 @@ class ModuleReward(RewardModel):
                 f"reward module {self.name}: no checkpoint at {self.checkpoint!r}; set reward.checkpoint=/path/to/file"
             )
         if self.module is None:
+            if not is_torchscript(self.checkpoint):
+                raise RewardModelError(f"reward module {self.name} is not a TorchScript file; write one with "
+                                       "torch.jit.save(torch.jit.script(module), path), or set "
+                                       "reward.module._target_=<module.Class> for a state_dict")
             return torch.jit.load(self.checkpoint, map_location="cpu")
         net = instantiate(self.module)
         if self.checkpoint is not None:

@@ -61,7 +61,8 @@ CASES = [
                  id="plus-key-typo-in-the-env-schema"),
     pytest.param(["train", "+algo.agent.gama=0.9"], "unknown key 'algo.agent.gama': nothing reads it — did you mean "
                  "algo.agent.gamma?", id="plus-key-not-an-argument-of-the-target"),
-    pytest.param(["train", "reward=model", "+reward.module.scal=2"], "did you mean reward.module.scale?",
+    pytest.param(["train", "reward=model", "reward.module._target_=rlfarm.rewards.model.BrightnessReward",
+                  "+reward.module.scal=2"], "did you mean reward.module.scale?",
                  id="plus-key-not-an-argument-of-the-reward-module"),
     pytest.param(["train", "+topology.roles.learner.cpuss=1"], "did you mean topology.roles.learner.cpus?",
                  id="plus-key-unknown-to-the-topology"),
@@ -128,6 +129,8 @@ CASES = [
                  id="reward-checkpoint-a-folder"),
     pytest.param(["train", "reward=model", "reward.checkpoint={tmp}/empty.pt"], "/empty.pt' is an empty file",
                  id="reward-checkpoint-empty-file"),
+    pytest.param(["train", "reward=model", "reward.checkpoint={tmp}/a_file"], "/a_file is not a TorchScript file",
+                 id="reward-checkpoint-not-torchscript"),
     pytest.param(["train", "experiment=grpo_prompts", "model.source={tmp}/a_file", "env.path={tmp}/a_file"],
                  "model.source: '{tmp}/a_file' is a file, not a model folder", id="lm-source-a-file"),
     pytest.param(["train", "experiment=grpo_prompts", "model.source=Qwen/Qwen2.5-0.5B", "env.path="],
@@ -313,7 +316,6 @@ def test_bad_input_is_one_clear_line_and_leaves_nothing(tmp_path, args, needle):
     pytest.param(["algo.agent._target_=rlfarm.algos.stalling.StallingAgent", "+algo.agent.stall_at=5"],
                  id="argument-of-a-target-with-kwargs"),
     pytest.param(["reward=clip", "reward.model=openai/clip-vit-base-patch16"], id="hub-id"),
-    pytest.param(["reward=model", "reward.checkpoint={tmp}/a_file"], id="checkpoint-file"),
 ])
 def test_what_something_reads_passes_the_preflight(tmp_path, monkeypatch, args):
     """The other side of the table: keys and paths that are right must not be refused."""
