@@ -203,6 +203,18 @@ CASES = [
                  "unknown Atari game 'Pongg' (closest: Pong", id="atari-unknown-game"),
     pytest.param(["train", "algo=appo", "env.id=rlfarm.nope:Thing-v0"], "env.id=rlfarm.nope:Thing-v0: cannot import",
                  id="env-id-module-missing"),
+    # mistakes only building things finds (rlfarm/config/probes.py), found in the driver before any role starts
+    pytest.param(["train", "env=cartpole"], "algo=sac learns a squashed-Gaussian policy and Q(s, a): continuous (Box) "
+                 "actions only, but CartPole-v1 has discrete actions (Discrete(2)) — use algo=ppo|impala|appo",
+                 id="sac-on-discrete-actions"),
+    pytest.param(["train", "reward=model"], "reward=model names no reward model — set reward.module._target_=",
+                 id="reward-model-without-a-model"),
+    pytest.param(["train", "reward=model", "reward.module._target_=rlfarm.rewards.model.BrightnessReward",
+                  "+reward.module.scale=abc"], "reward.module: rlfarm.rewards.model.BrightnessReward cannot be built: "
+                 "ValueError: could not convert string to float: 'abc'", id="reward-module-constructor-raises"),
+    pytest.param(["train", "algo=ppo", "env=pendulum", "model.actor.hidden=[-3]"],
+                 "model.actor (rlfarm.models.actor_critic.ActorCritic) cannot be built for Pendulum-v1: RuntimeError",
+                 id="policy-constructor-raises"),
     # GRPO on text (the llm family)
     pytest.param(["train", "experiment=grpo_digits", "reward.verifier=exactmatch"], "unknown reward.verifier 'exactmatch'",
                  id="grpo-unknown-verifier"),
@@ -250,7 +262,7 @@ CASES = [
 # Rows that also run as a subprocess: a bad choice, an unknown key, a `_target_` typo (its module is imported:
 # torch), a topology bigger than this machine (the cluster check), a cluster address where nothing listens.
 SUBPROCESS_ROWS = {"unknown-env", "unknown-top-level-key", "reward-target-typo", "gpus-beyond-cluster",
-                   "ray-address-nothing-listens", "fit-file-without-labels"}
+                   "ray-address-nothing-listens", "fit-file-without-labels", "sac-on-discrete-actions"}
 # Environment a row runs in: `auto` finds its address in RAY_ADDRESS before it looks for a local cluster (other
 # Ray sessions on this machine would be found), so the row names one where nothing listens.
 ROW_ENV = {"ray-address-auto-nothing-listens": {"RAY_ADDRESS": "127.0.0.1:1"}}
