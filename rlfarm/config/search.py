@@ -54,15 +54,15 @@ def use_command_line(args: list[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     config_dir, rest = split_flags(args)
-    extra = []
+    folder = None
     if config_dir is not None:
         folder = Path(os.path.expanduser(config_dir)).absolute()
         if not folder.is_dir():
             raise ConfigError(f"--config-dir={config_dir}: no such folder", "give the folder that holds your "
                               "experiment/, algo/, env/ ... folders")
-        extra.append(f"file://{folder}")
-    overrides = tuple(a for a in rest if a.lstrip("+~").startswith("hydra.searchpath="))
-    for override in overrides[-1:]:
+    overrides = tuple(a for a in rest if a.lstrip("+~").startswith("hydra.searchpath="))[-1:]
+    entries = []
+    for override in overrides:
         try:
             entries = OverridesParser.create().parse_override(override.lstrip("+~")).value()
         except Exception:
@@ -74,9 +74,7 @@ def use_command_line(args: list[str]) -> None:
             if entry.startswith("file://") and not Path(os.path.expanduser(entry[7:])).is_dir():
                 raise ConfigError(f"hydra.searchpath: no such folder '{entry[7:]}'",
                                   "give folders that exist: 'hydra.searchpath=[file://<folder>]'")
-            extra.append(entry)
-    use(extra[0] if config_dir is not None else None, tuple(extra[1 if config_dir is not None else 0:]),
-        overrides[-1:])
+    use(f"file://{folder}" if folder else None, tuple(entries), overrides)
 
 
 def use(config_dir: str | None, entries: tuple[str, ...] = (), searchpath_overrides: tuple[str, ...] = ()) -> None:

@@ -85,6 +85,19 @@ def test_every_spelling_of_a_config_folder_reaches_the_checks_and_hydra(project,
     assert not (project / "runs").exists()
 
 
+def test_plan_and_eval_take_a_config_folder(project, monkeypatch, capsys):
+    monkeypatch.chdir(project)
+    monkeypatch.syspath_prepend(str(project))
+    monkeypatch.delenv("RLFARM_ENV_IMPORTS", raising=False)
+    started = []
+    monkeypatch.setattr(cli, "run_hydra_app", lambda task, name, command, rest: started.append(command))
+    cli.main(["plan", "--config-dir", "my_configs", "experiment=my_reach", "hydra.run.dir=runs/x"])
+    assert started == ["plan"]
+    with pytest.raises(SystemExit):  # the folder is not taken for an override: the run dir is what is missing
+        cli.main(["eval", "--config-dir", "my_configs", "run_dir=runs/none"])
+    assert "run_dir 'runs/none' does not exist" in capsys.readouterr().err
+
+
 def test_a_misspelled_option_of_ones_own_gets_did_you_mean(project, monkeypatch, capsys):
     monkeypatch.chdir(project)
     with pytest.raises(SystemExit) as exited:
