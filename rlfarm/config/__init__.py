@@ -8,10 +8,10 @@ rlfarm/families.py names them) and the paths a config names (files and model fol
 rlfarm.schemas.PATH_SETTINGS; `_target_`s). `check_known_keys` refuses what Hydra lets through: a key added with
 `+` that nothing reads.
 
-One module a job: composition (compose and Hydra's errors), validation (ranges, targets, env ids, the family's
-rules), family_rules (those rules), known_keys, paths (the paths a config names and the run directory), search (where config files are found: conf/,
---config-dir, hydra.searchpath). What other modules use is
-imported from here.
+One module a job: search (where config files are found: conf/, --config-dir, hydra.searchpath), composition
+(compose and Hydra's errors), validation (ranges, targets, env ids, the family's rules), family_rules (those
+rules), probes (what only building the env, the policy and the reward can tell), known_keys, paths (the paths a
+config names and the run directory). What other modules use is imported from here.
 """
 from rlfarm.config.composition import check_plus_on_groups, compose, sweep_variants
 from rlfarm.config.known_keys import check_known_keys
