@@ -15,6 +15,7 @@ import torch
 
 from helpers import ENV
 from rlfarm import cli
+from rlfarm.config import search
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 RLFARM = Path(sys.executable).parent / "rlfarm"  # the console script: unlike `python -m`, it adds no folder to sys.path
@@ -27,6 +28,13 @@ def readme_example() -> tuple[dict[str, str], list[str]]:
                                                        re.S | re.M)}
     commands = re.search(r"```bash\n(.*?)```", section, re.S).group(1).strip().splitlines()
     return files, commands
+
+
+@pytest.fixture(autouse=True)
+def builtin_search_path():
+    """cli.main sets the process's config search path (rlfarm.config.search): later tests compose conf/ alone."""
+    yield
+    search.use(None)
 
 
 @pytest.fixture
