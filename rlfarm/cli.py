@@ -1,8 +1,11 @@
 """`rlfarm` entry point: `rlfarm <command> [hydra overrides]`; each command is a Hydra app over conf/.
 
 The only thing read here by hand is the command word; everything after it belongs to Hydra
-(overrides, -m/--multirun, --cfg, --help, hydra/launcher=...). Before Hydra runs, the config is
-composed once to turn a bad override into one clear line instead of a traceback.
+(overrides, -m/--multirun, --cfg, --help, --config-dir, hydra/launcher=...). Before Hydra runs, the config is
+composed once, on the search path Hydra will use (rlfarm.config.search), to turn a bad override into one clear
+line instead of a traceback. The current directory is importable, as under `python -m`: an env or reward module
+of the user's own (env.id=<module>:<Id>, a `_target_`) beside the command is found, by Ray's workers too (Ray
+puts the driver's directory on their path).
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import os
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 import rlfarm.resolvers  # noqa: F401 - registers the rlfarm.* OmegaConf resolvers the Slurm launcher config uses
 from rlfarm.errors import JobFailed, RlfarmError
@@ -38,7 +42,7 @@ def usage() -> str:
 
 
 def fail(error: RlfarmError | str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {error}", markup=True)
+    err.print(f"[bold red]error:[/] {escape(str(error))}", markup=True)  # "[n, 1]" in a message is not markup
     if os.environ.get("SUBMITIT_FOLDER") and code != 75:
         # Inside a submitit (Slurm sweep) job, SystemExit ends the job without a result file, and the sweep
         # command, where Slurm has no accounting, waits for it forever. An exception becomes the job's result.
@@ -55,11 +59,19 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         fail(f"unknown command '{command}' — commands are: {', '.join(COMMANDS)}")
     module_name, config_name, _ = COMMANDS[command]
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # after the installed packages: a file here named like one does not shadow it
     module = importlib.import_module(module_name)
     if hasattr(module, "redirect_resume"):
         rest = module.redirect_resume(rest)
     if hasattr(module, "rewrite_args"):  # e.g. `rlfarm bench learner` → bench=learner
         rest = module.rewrite_args(rest)
+    from rlfarm.config import use_command_line
+
+    try:
+        use_command_line(rest)
+    except RlfarmError as error:
+        fail(error)
     if not HYDRA_INFO_FLAGS & set(rest):
         try:
             module.preflight(config_name, rest)

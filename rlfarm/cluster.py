@@ -16,6 +16,14 @@ from rlfarm.topology import Plan, check_cluster, local_resources
 
 # Set before Ray starts so that every worker inherits them: headless MuJoCo rendering, quiet Ray.
 WORKER_ENV = {"MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl", "RAY_DEDUP_LOGS": "1"}
+# Set by the driver for the run and handed to every worker, on a cluster joined too: the modules that register the
+# run's env (env.imports, rlfarm/envs/registry.py). Ray puts the driver's directory on the workers' path itself.
+FORWARDED_ENV = ("RLFARM_ENV_IMPORTS",)
+
+
+def _runtime_env() -> dict | None:
+    env_vars = {key: os.environ[key] for key in FORWARDED_ENV if os.environ.get(key)}
+    return {"env_vars": env_vars} if env_vars else None
 
 
 def _loopback_only(ray) -> None:
@@ -101,7 +109,8 @@ def ray_session(ray_cfg: DictConfig, plan: Plan):
     # Token auth stays on (Ray's default); its notice on every start is noise for a local private cluster.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if ray_cfg.address:
-        ray.init(address=cluster_address(str(ray_cfg.address)), logging_level=logging.WARNING, log_to_driver=True)
+        ray.init(address=cluster_address(str(ray_cfg.address)), logging_level=logging.WARNING, log_to_driver=True,
+                 runtime_env=_runtime_env())
         try:
             check_cluster(plan, ray.cluster_resources())
         except Exception:
@@ -122,7 +131,7 @@ def ray_session(ray_cfg: DictConfig, plan: Plan):
         ray.init(address="local", num_cpus=cpus,
                  num_gpus=int(available["GPU"]), include_dashboard=bool(ray_cfg.dashboard),
                  _node_ip_address="127.0.0.1", logging_level=logging.WARNING, log_to_driver=True,
-                 configure_logging=True)
+                 configure_logging=True, runtime_env=_runtime_env())
     try:
         yield ray
     finally:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rlfarm.envs.registry import use_env_modules
 from rlfarm.envs.spaces import policy_dims
 from rlfarm.envs.vector import VectorEnv
 from rlfarm.errors import RlfarmError
@@ -99,7 +100,9 @@ def load_trained_run(run_dir: str | Path, checkpoint: str = "latest") -> Trained
     if "actor" not in state.get("agent", {}):
         raise RlfarmError(f"checkpoint {ckpt} holds no actor weights (agent.actor)",
                           "evaluate a checkpoint written by rlfarm train")
-    return TrainedRun(path, OmegaConf.load(path / "config.yaml"), ckpt, state)
+    cfg = OmegaConf.load(path / "config.yaml")
+    use_env_modules(OmegaConf.select(cfg, "env.imports"))  # the modules that register the run's env (env.imports)
+    return TrainedRun(path, cfg, ckpt, state)
 
 
 def build_actor(cfg: DictConfig, actor_state: dict, env_cfg: DictConfig) -> torch.nn.Module:

@@ -228,6 +228,9 @@ class GymEnvSchema(Ranged):
     workers: int  # processes stepping the num_envs sub-envs; 0: the runner's own (rlfarm/envs/vector.py)
     batch_render: bool  # MuJoCo sub-envs of a process rendered as tiles in one GL context (envs/vector.py)
     kwargs: Any  # gymnasium.make's keyword arguments
+    # Modules imported before the id is looked up, in every process (rlfarm/envs/registry.py): those that register
+    # a plain env.id of the user's own.
+    imports: Optional[list[str]] = None
     # GPUs the runners render on through EGL (runner i on render_gpus[i % len]); None: all of the node's.
     # Keeps rendering off GPUs that are busy with something else, e.g. the reward model's (docs/benchmarks.md).
     render_gpus: Optional[list[int]] = None
@@ -353,7 +356,7 @@ PATH_SETTINGS = {
 
 # The same key where one `_target_` reads something else: (key, the node's _target_) → what it must be.
 PATH_SETTINGS_BY_TARGET = {
-    ("reward.model", "rlfarm.rewards.model.ModuleReward"): PathSetting(PathKind.file, "a file written by rlfarm fit-reward"),
+    ("reward.model", "rlfarm.rewards.model.ModuleReward"): PathSetting(PathKind.file, "a TorchScript file or one written by rlfarm fit-reward"),
 }
 
 # Nodes of groups without a schema whose keys are data, not rlfarm settings, so any key may be added with `+`

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.cluster import cluster_address
+from rlfarm.config.search import split_flags
 from rlfarm.config import (CONF_DIR, check_known_keys, check_output_dir, check_schema_ranges, compose, sweep_variants,
                            validate)
 from rlfarm.errors import ConfigError
@@ -16,16 +17,20 @@ MULTIRUN_FLAGS = {"-m", "--multirun"}
 
 
 def split_args(args: list[str]) -> tuple[list[str], bool]:
+    """(the overrides, whether -m): Hydra's flags, --config-dir's folder among them, are not overrides."""
     multirun = bool(MULTIRUN_FLAGS & set(args))
-    overrides = [a for a in args if not a.startswith("-")]
+    overrides = [a for a in split_flags(args)[1] if not a.startswith("-")]
     return overrides, multirun
 
 
-def compose_checked(config_name: str, args: list[str]) -> DictConfig:
-    """train's config (and each sweep variant's): composed, validated, every key known; the run dir writable."""
+def compose_checked(config_name: str, args: list[str], *more: Callable[[DictConfig], None]) -> DictConfig:
+    """train's config (and each sweep variant's): composed, validated, every key known, then the `more` checks;
+    the run dir writable."""
     def check(cfg: DictConfig) -> None:
         validate(cfg)
         check_known_keys(cfg)
+        for extra in more:
+            extra(cfg)
 
     return compose_checked_with(config_name, args, check)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from rlfarm.cluster import ray_session
 from rlfarm.commands.common import check_local_cluster, compose_checked
 from rlfarm.commands.resume import redirect_resume, resolve_resume  # noqa: F401 - redirect_resume: rlfarm.cli calls it
 from rlfarm.config import validate
+from rlfarm.config.probes import probe_reward
 from rlfarm.errors import ConfigError, Preempted, RlfarmError
 from rlfarm.families import family_of
 from rlfarm.run import Run, discard_run_dir, is_run_dir
@@ -25,7 +27,7 @@ PREEMPTED_EXIT = 75  # EX_TEMPFAIL: "try again": a checkpoint was written, rerun
 
 
 def preflight(config_name: str, args: list[str]) -> None:
-    cfg = compose_checked(config_name, args)
+    cfg = compose_checked(config_name, args, probe_reward)  # a reward module of one's own: built, run on a probe
     if cfg.resume not in (None, "auto") and not is_run_dir(cfg.resume):
         raise ConfigError(f"resume={cfg.resume} is not a run directory (no config.yaml and checkpoints/ there)",
                           "pass the directory of an earlier rlfarm run, or resume=auto")
@@ -67,22 +69,42 @@ def task(cfg: DictConfig) -> dict:
         fail("interrupted", code=130)
     except Exception as error:  # any failure: one line on screen, the traceback in train.log
         log.debug("run failed", exc_info=True)
-        error = _innermost(error)
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        message = failure_line(error)
         if run is None and resume_from_dir_is_new(cfg, run_dir):
             discard_run_dir(run_dir)
         else:
             run.fail(message)
-        fail(message if isinstance(error, RlfarmError) else f"{type(error).__name__}: {message}")
+        fail(message)
     log.info(family.closing_paragraph(cfg, summary, run_dir))
     return summary
 
 
-def _innermost(error: BaseException) -> BaseException:
-    """Hydra wraps a target's exception (InstantiationException); the cause is what the user must read."""
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def failure_line(error: BaseException) -> str:
+    """The one line a failed run prints and writes to status.json, without terminal colours. Hydra wraps a
+    target's exception (InstantiationException): the cause is what the user must read. A role whose constructor
+    raised reaches the driver as Ray's ActorDiedError, its message the role's traceback: its last line is the
+    role's own error, named with the role."""
     while error.__cause__ is not None and not isinstance(error, RlfarmError):
         error = error.__cause__
-    return error
+    text = ANSI.sub("", str(error)).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if getattr(error, "actor_init_failed", False) and len(lines) > 1:
+        role = re.search(r"ray::(\w+)\.__init__", text)
+        return f"{role.group(1) if role else 'a role'} could not start: {lines[-1]}"
+    message = lines[0] if lines else type(error).__name__
+    return message if isinstance(error, RlfarmError) else f"{type(error).__name__}: {message}"
+
+
+def check_labels(summary: dict) -> None:
+    """A run whose every transition was quarantined learned nothing: it fails, naming the reward model's error."""
+    quarantined = summary.get("transitions_quarantined") or 0
+    if quarantined and not summary.get("transitions_labeled"):
+        raise RlfarmError(f"the reward model failed on every transition: all {quarantined:,} were quarantined, 0 "
+                          f"labeled (last error: {summary.get('reward_last_error') or 'unknown'})",
+                          "see quarantine/*.json in the run dir and fix the reward model")
 
 
 def resume_from_dir_is_new(cfg: DictConfig, run_dir: str) -> bool:
@@ -96,6 +118,7 @@ def train_family(cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from:
     # Slurm sends SIGTERM before it kills a job: checkpoint and exit with PREEMPTED_EXIT.
     signal.signal(signal.SIGTERM, lambda *_: loop.request_preemption())
     summary = loop.train()
+    check_labels(summary)
     if cfg.run.checkpoint:
         summary["checkpoint"] = loop.checkpoint()
     run.finish(summary)

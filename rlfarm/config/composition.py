@@ -10,22 +10,26 @@ from enum import Enum
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlfarm.config.paths import CONF_DIR, group_options
+from rlfarm.config.search import CONF_DIR, group_options, is_group, search_path, searchpath_overrides
 from rlfarm.errors import ConfigError
 # importing rlfarm.schemas also stores the schemas the conf/ files name in Hydra's ConfigStore
 from rlfarm.schemas import FREE_FORM_KEYS
 
 
 def compose(config_name: str, overrides: list[str]) -> DictConfig:
-    """Compose conf/<config_name>.yaml with overrides, as `rlfarm <cmd>` would; errors become ConfigError."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    """Compose conf/<config_name>.yaml with overrides, as `rlfarm <cmd>` would, on the same search path (conf/,
+    --config-dir, hydra.searchpath: rlfarm.config.search); errors become ConfigError."""
+    from hydra import compose as hydra_compose, version
+    from hydra._internal.hydra import Hydra
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
+    version.setbase("1.3")
     try:
         check_plus_on_groups(config_name, overrides)
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=False)
+        Hydra.create_main_hydra2(task_name="rlfarm", config_search_path=search_path())
+        return hydra_compose(config_name=config_name, overrides=[*overrides, *searchpath_overrides()],
+                             return_hydra_config=False)
     except ConfigError:
         raise
     except Exception as error:  # Hydra raises several exception types; each gets translated below
@@ -51,7 +55,7 @@ def sweep_variants(overrides: list[str]) -> list[list[str]]:
         key = override.get_key_element()
         values = list(override.sweep_string_iterator())
         firsts.append(f"{key}={values[0]}")
-        if (CONF_DIR / key).is_dir():
+        if is_group(key):
             group_alternatives += [(position, f"{key}={value}") for value in values[1:]]
     variants = [firsts]
     for position, line in group_alternatives:

@@ -9,6 +9,7 @@ import os
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.config.paths import looks_local
+from rlfarm.config.probes import check_env_fits
 from rlfarm.config.validation import check_env_id
 from rlfarm.errors import ConfigError
 
@@ -17,11 +18,14 @@ ENV_REWARD = "rlfarm.rewards.env.EnvReward"
 
 def check_offpolicy(cfg: DictConfig) -> None:
     """The farm's data path: a registered env; learner ranks only for an actor-learner, whose batches the
-    runners' credits must fill."""
-    check_env_id(str(cfg.env.id), cfg.env.get("kwargs"))
+    runners' credits must fill; the env made once: actions SAC's replay learner can take, frames for a frame
+    reward, a policy that builds for its spaces."""
+    check_env_id(str(cfg.env.id), cfg.env.get("kwargs"), cfg.env.get("imports"))
     check_learner_ranks(cfg)
     if "batch_chunks" in cfg.algo:
         check_actor_learner(cfg)
+    check_env_fits(cfg, None if "batch_chunks" in cfg.algo else
+                   "learns a squashed-Gaussian policy and Q(s, a): continuous (Box) actions only")
 
 
 def check_learner_ranks(cfg: DictConfig) -> None:
@@ -62,12 +66,12 @@ def check_actor_learner(cfg: DictConfig) -> None:
 
 
 def check_ppo(cfg: DictConfig) -> None:
-    """PPO on gymnasium envs: a registered env, minibatches its rollouts can fill, and the two choices it cannot
-    take from another family (a reward model, separate critics)."""
+    """PPO on gymnasium envs: a registered env, minibatches its rollouts can fill, the two choices it cannot
+    take from another family (a reward model, separate critics), and a policy that builds for the env's spaces."""
     if OmegaConf.select(cfg, "env.task", default=None) is not None:
         raise ConfigError(f"algo={cfg.algo.name} runs on gymnasium envs, but env.id={cfg.env.id} is a text task",
                           "pick env=cartpole|pendulum|halfcheetah, or algo=grpo for text tasks")
-    check_env_id(str(cfg.env.id), cfg.env.get("kwargs"))
+    check_env_id(str(cfg.env.id), cfg.env.get("kwargs"), cfg.env.get("imports"))
     batch = int(cfg.algo.rollout_steps) * int(cfg.env.num_envs)
     if int(cfg.algo.minibatches) > batch:
         raise ConfigError(f"algo.minibatches={cfg.algo.minibatches} is more than the {batch} transitions a runner "
@@ -80,6 +84,7 @@ def check_ppo(cfg: DictConfig) -> None:
         raise ConfigError(f"algo={cfg.algo.name} needs one actor-critic network in model.actor, "
                           f"not {'a language model' if 'actor' not in cfg.model else 'an actor with separate critics'}",
                           "use model=actor_critic")
+    check_env_fits(cfg)
 
 
 def check_vla_policy(cfg: DictConfig) -> None:

@@ -10,7 +10,7 @@ from dataclasses import is_dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlfarm.config.paths import CONF_DIR, group_names
+from rlfarm.config.search import group_names, option_configs, repository
 from rlfarm.config.validation import locate_problem
 from rlfarm.errors import ConfigError
 from rlfarm.schemas import FREE_FORM_KEYS
@@ -78,10 +78,15 @@ def _target_arguments(target) -> set[str] | None:
     return {p.name for p in parameters} | HYDRA_KEYS
 
 
-@functools.lru_cache(maxsize=None)
 def _group_keys() -> dict[str, set[str]]:
     """dotted path → the keys some option of a config group (or an experiment) sets there, e.g. "topology.roles"
-    → {learner, env_runner, labeler, engine}: the settings of groups that have no schema."""
+    → {learner, env_runner, labeler, engine}: the settings of groups that have no schema. Read from every folder
+    on the search path (rlfarm.config.search: the user's own options too)."""
+    return _keys_on(repository())
+
+
+@functools.lru_cache(maxsize=4)
+def _keys_on(_repository) -> dict[str, set[str]]:
     keys: dict[str, set[str]] = {}
 
     def collect(node, path: str) -> None:
@@ -90,11 +95,12 @@ def _group_keys() -> dict[str, set[str]]:
             for key, value in node.items():
                 collect(value, f"{path}.{key}")
 
-    for folder in (*group_names(), "experiment"):
-        for option in (CONF_DIR / folder).glob("*.yaml"):
-            tree = OmegaConf.to_container(OmegaConf.load(option), resolve=False)
-            if option.read_text().startswith("# @package _global_"):  # sets keys of several groups
-                for group in group_names() & set(tree):
+    groups = group_names()
+    for folder in (*groups, "experiment"):
+        for _, config, is_global in option_configs(folder):
+            tree = OmegaConf.to_container(config, resolve=False)
+            if is_global:  # sets keys of several groups
+                for group in groups & set(tree):
                     collect(tree[group], group)
             else:
                 collect(tree, folder)

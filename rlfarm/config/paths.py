@@ -1,9 +1,8 @@
-"""Where configs and runs live, and the paths a config names, checked before anything starts: conf/ itself
-(`CONF_DIR`, its groups and their options), every setting that names a file or a model folder
-(rlfarm.schemas.PATH_SETTINGS), and the run directory Hydra will create."""
+"""The paths a config names, checked before anything starts: every setting that names a file or a model folder
+(rlfarm.schemas.PATH_SETTINGS), and the run directory Hydra will create. (Where config files are found:
+rlfarm.config.search.)"""
 from __future__ import annotations
 
-import functools
 import os
 import tempfile
 from pathlib import Path
@@ -12,17 +11,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.errors import ConfigError
 from rlfarm.schemas import PATH_SETTINGS, PATH_SETTINGS_BY_TARGET, PathKind
-
-CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
-
-
-def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-
-
-@functools.lru_cache(maxsize=None)
-def group_names() -> frozenset[str]:
-    return frozenset(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("experiment", "hydra"))
 
 
 def looks_local(value: str) -> bool:

@@ -1,18 +1,18 @@
 """What Hydra cannot check while it composes, before a run starts: required keys, the schemas' ranges, the paths
 a config names (rlfarm.config.paths), the rules across config groups of its algorithm family (the family record's
-`rules`, rlfarm/config/family_rules.py), a fitted reward file, an env id, and every `_target_` (imported now,
+`rules`, rlfarm/config/family_rules.py; what only building can tell: rlfarm/config/probes.py), an env id, and every `_target_` (imported now,
 as instantiate would, so a typo fails here and not in a Ray actor)."""
 from __future__ import annotations
 
 import difflib
 import functools
 import importlib
-import os
 from dataclasses import is_dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlfarm.config.paths import CONF_DIR, check_paths, group_options
+from rlfarm.config.paths import check_paths
+from rlfarm.config.search import group_options, is_group
 from rlfarm.errors import ConfigError
 from rlfarm.families import family_of
 from rlfarm.settings import RangeError
@@ -44,48 +44,22 @@ def validate(cfg: DictConfig) -> None:
     check_paths(cfg)
     family_of(cfg).check_config(cfg)
     check_targets(cfg)
-    check_fitted_reward(cfg)
 
 
-MODULE_REWARD = "rlfarm.rewards.model.ModuleReward"
-
-
-def check_fitted_reward(cfg: DictConfig) -> None:
-    """reward=model reward.model=<file>: the file is one rlfarm fit-reward wrote (read now, not in a labeler)."""
-    model = OmegaConf.select(cfg, "reward.model", default=None)
-    if OmegaConf.select(cfg, "reward._target_", default=None) != MODULE_REWARD or model is None:
-        return
-    from rlfarm.rewards.base import RewardModelError
-    from rlfarm.rewards.fitted import read_fitted
+def check_env_id(env_id: str, kwargs: DictConfig | None = None, imports=None) -> None:
+    """A registered gymnasium id, or "module:Id" whose module registers it, after the modules of env.imports
+    (imported here and, through the environment, in every process the run starts: rlfarm.envs.registry)."""
+    from rlfarm.envs.registry import UnknownEnvError, registered_spec, use_env_modules
 
     try:
-        read_fitted(os.path.expanduser(str(model)))
-    except RewardModelError as error:
-        problem, _, fix = str(error).rpartition("; ")
-        raise ConfigError(f"reward.model: {problem}", fix) from None
+        use_env_modules(imports)
+        registered_spec(env_id)
+    except UnknownEnvError as error:
+        raise ConfigError(error.problem, error.fix) from None
+    if env_id.rpartition(":")[2] == "RlfarmAtari-v0":
+        from rlfarm.envs.atari import check_game
 
-
-def check_env_id(env_id: str, kwargs: DictConfig | None = None) -> None:
-    """A registered gymnasium id, or "module:Id" whose module registers it (imported here, as gymnasium would)."""
-    import gymnasium as gym
-
-    module, _, name = env_id.rpartition(":")
-    if module:
-        try:
-            importlib.import_module(module)
-        except ImportError as error:
-            raise ConfigError(f"env.id={env_id}: cannot import {module} ({error})",
-                              "fix the module part of env.id (module:Id)") from None
-    if name in gym.registry:
-        if name == "RlfarmAtari-v0":
-            from rlfarm.envs.atari import check_game
-
-            check_game(str((kwargs or {}).get("game", "Pong")))
-        return
-    close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
-    hint = f"did you mean {' or '.join(close)}? " if close else ""
-    raise ConfigError(f"unknown env id '{env_id}'",
-                      f"{hint}use env=pendulum|halfcheetah or env.id=<a registered gymnasium id>")
+        check_game(str((kwargs or {}).get("game", "Pong")))
 
 
 # ---- _target_ nodes: imported as instantiate would (the run imports them next anyway)
@@ -100,7 +74,7 @@ def check_targets(cfg: DictConfig) -> None:
         if problem:
             group = path.split(".")[0] if path else ""
             pick = (f" or pick {group}={'|'.join(group_options(group))}"
-                    if path == group and (CONF_DIR / group).is_dir() else "")
+                    if path == group and is_group(group) else "")
             raise ConfigError(f"{path + '.' if path else ''}_target_='{target}' {problem}",
                               f"set {path + '.' if path else ''}_target_=<module.Class>{pick}")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import os
+import zipfile
 from pathlib import Path
 
 import torch
@@ -165,8 +166,12 @@ def read_fitted(path: str | Path) -> dict:
         content = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - whatever torch says, the user gets one line
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise RewardModelError(f"cannot read fitted reward {str(path)!r}: {reason}; "
-                               "write one with rlfarm fit-reward") from None
+        if not zipfile.is_zipfile(path):
+            reason = "not a file torch.save or torch.jit.save wrote"
+        elif reason.startswith("Weights only load failed"):
+            reason = "it holds pickled objects, not only tensors (a whole module saved with torch.save?)"
+        raise RewardModelError(f"cannot read fitted reward {str(path)!r}: {reason}; give a TorchScript file "
+                               "(torch.jit.save) or one written by rlfarm fit-reward") from None
     if not isinstance(content, dict) or content.get("format") != FORMAT:
         raise RewardModelError(f"{str(path)!r} is not a fitted-reward file (written by rlfarm fit-reward); "
                                "for a plain state_dict set reward.module=<node> reward.checkpoint=<file>")

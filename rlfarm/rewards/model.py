@@ -1,13 +1,19 @@
-"""Any torch module or checkpoint that maps frames to rewards: the hook for users' own VLMs and learned rewards.
+"""Any torch module or file that maps frames to rewards: the hook for users' own VLMs and learned rewards.
 
-Either `model` is a fitted-reward file written by `rlfarm fit-reward` (it names its module, frame size and
-weights: rlfarm/rewards/fitted.py), or `module` is a Hydra `_target_` node, built in the labeler (optionally
-loading a state_dict from `checkpoint`), or `checkpoint` alone is a TorchScript file. The module is called with one tensor per key in
-`needs`, in that order, each on the labeler's device with its numpy dtype kept (frames: [n, H, W, 3] uint8),
-and must return [n] or [n, 1] finite rewards.
+One of three (conf/reward/model.yaml):
+- `module`: a Hydra `_target_` node (reward.module._target_=my_rewards.BarReward, its arguments with
+  +reward.module.<arg>=...), built in the labeler on its device, optionally loading a state_dict from `checkpoint`;
+- `model`: a TorchScript file (torch.jit.save), or a fitted-reward file written by `rlfarm fit-reward` (it names
+  its module, frame size and weights: rlfarm/rewards/fitted.py);
+- `checkpoint` alone: a TorchScript file (the older spelling of `model`).
+The module is called with one tensor per key in `needs`, in that order, each on the labeler's device with its numpy
+dtype kept (frames: [n, H, W, 3] uint8), and must return [n] or [n, 1] finite floating-point rewards: `setup`
+checks that on a probe batch of frames before the first bus (`probe`), and the driver does once before any role
+starts (rlfarm/config/probes.py).
 """
 
 import os
+import zipfile
 
 import numpy as np
 import torch
@@ -17,6 +23,19 @@ from omegaconf import DictConfig, OmegaConf
 from rlfarm.rewards.base import OnDevice, Pending, RewardModel, RewardModelError
 from rlfarm.rewards.staging import StagedUpload, as_parts, sub_batches
 from rlfarm.rewards.fitted import build_fitted, read_fitted
+
+NOTHING_CHOSEN = ("reward=model names no reward model; set reward.module._target_=<module.Class> (a torch module) "
+                  "or reward.model=<a TorchScript file, or one from rlfarm fit-reward>")
+PROBE_SIZE = 2  # frames in the probe batch
+
+
+def is_torchscript(path: str) -> bool:
+    """Whether `path` is an archive torch.jit.save wrote (it holds code/ and constants.pkl; torch.save's do not)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("/constants.pkl") for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 class BrightnessReward(torch.nn.Module):
@@ -33,8 +52,10 @@ class BrightnessReward(torch.nn.Module):
 class ModuleReward(RewardModel):
     """Rewards from a user's torch module.
 
-    model: a fitted-reward file (rlfarm fit-reward); when set, it supplies the module, weights and frame size.
-    module: Hydra node with `_target_` building an nn.Module (built in setup, on the labeler's device).
+    model: a TorchScript file, or a fitted-reward file (rlfarm fit-reward), which supplies the module, weights and
+        frame size.
+    module: Hydra node with `_target_` building an nn.Module (built in setup, on the labeler's device); a node
+        whose `_target_` is null is none.
     checkpoint: state_dict for `module` (torch.load, weights_only), or a TorchScript file when module is None.
     frame_size: frames the runners render (used only when "frames" is in needs).
     needs: chunk keys passed to the module as positional tensors.
@@ -53,17 +74,20 @@ class ModuleReward(RewardModel):
         model: str | None = None,
     ):
         self.model = model
-        if model is not None:
-            if checkpoint is not None:
-                raise RewardModelError("set reward.model (a fitted-reward file) or reward.checkpoint, not both")
+        if module is not None and module.get("_target_") is None:
+            module = None  # conf/reward/model.yaml's empty node: no module chosen
+        if model is not None and (checkpoint is not None or module is not None):
+            raise RewardModelError("reward=model names several models; set one of reward.model (a file), "
+                                   "reward.module._target_ or reward.checkpoint")
+        if model is not None and is_torchscript(model):
+            model, checkpoint = None, model  # a TorchScript file: built as reward.checkpoint alone is
+        elif model is not None:
             fitted = read_fitted(model)  # small: a head or a small CNN; the driver needs its frame size
             module, frame_size, needs = fitted["module"], fitted["frame_size"], ("frames",)
             self.frame_stack = int(fitted.get("frame_stack", 1))
         elif module is None and checkpoint is None:
-            raise RewardModelError(
-                "ModuleReward needs reward.model (a file from rlfarm fit-reward), reward.module (a _target_ node) "
-                "or reward.checkpoint (a TorchScript file)"
-            )
+            raise RewardModelError(NOTHING_CHOSEN)
+        self.model = model
         # A plain dict pickles small and free of the parent config when Ray ships this object to labelers.
         self.module = OmegaConf.to_container(module, resolve=True) if isinstance(module, DictConfig) else module
         self.checkpoint = checkpoint
@@ -80,6 +104,25 @@ class ModuleReward(RewardModel):
         self._autocast_dtype = getattr(torch, self.dtype)
         self._net = self._build().to(self._device).eval()
         self._upload = StagedUpload(self._device, self.max_batch)
+        self.probe()
+
+    def probe(self) -> None:
+        """Run the built module once on a probe batch of frames and check what it returns: [n] or [n, 1] floats.
+        A module that returns anything else would have every bus quarantined; this says so in one line instead.
+        (Models that read other keys than frames are checked on their first bus.)"""
+        if self.needs != ("frames",):
+            return
+        size = self.frame_size or 84
+        frames = np.random.default_rng(0).integers(0, 256, (PROBE_SIZE, size, size, 3 * self.frame_stack), np.uint8)
+        with torch.inference_mode(), torch.autocast(self._device.type, dtype=self._autocast_dtype,
+                                                    enabled=self._device.type == "cuda"):
+            output = self._net(torch.from_numpy(frames).to(self._device))
+        shape = list(output.shape) if isinstance(output, torch.Tensor) else None
+        if shape not in ([PROBE_SIZE], [PROBE_SIZE, 1]) or not output.is_floating_point():
+            what = f"shape {shape} ({output.dtype})" if shape is not None else f"a {type(output).__name__}"
+            raise RewardModelError(
+                f"reward module {self.name} returned {what} for a probe batch of frames {list(frames.shape)} uint8; "
+                f"it must return [n] or [n, 1] floats, one reward per frame")
 
     def _build(self) -> torch.nn.Module:
         if self.model is not None:
@@ -89,6 +132,10 @@ class ModuleReward(RewardModel):
                 f"reward module {self.name}: no checkpoint at {self.checkpoint!r}; set reward.checkpoint=/path/to/file"
             )
         if self.module is None:
+            if not is_torchscript(self.checkpoint):
+                raise RewardModelError(f"reward module {self.name} is not a TorchScript file; write one with "
+                                       "torch.jit.save(torch.jit.script(module), path), or set "
+                                       "reward.module._target_=<module.Class> for a state_dict")
             return torch.jit.load(self.checkpoint, map_location="cpu")
         net = instantiate(self.module)
         if self.checkpoint is not None:

@@ -61,7 +61,8 @@ CASES = [
                  id="plus-key-typo-in-the-env-schema"),
     pytest.param(["train", "+algo.agent.gama=0.9"], "unknown key 'algo.agent.gama': nothing reads it — did you mean "
                  "algo.agent.gamma?", id="plus-key-not-an-argument-of-the-target"),
-    pytest.param(["train", "reward=model", "+reward.module.scal=2"], "did you mean reward.module.scale?",
+    pytest.param(["train", "reward=model", "reward.module._target_=rlfarm.rewards.model.BrightnessReward",
+                  "+reward.module.scal=2"], "did you mean reward.module.scale?",
                  id="plus-key-not-an-argument-of-the-reward-module"),
     pytest.param(["train", "+topology.roles.learner.cpuss=1"], "did you mean topology.roles.learner.cpus?",
                  id="plus-key-unknown-to-the-topology"),
@@ -128,6 +129,8 @@ CASES = [
                  id="reward-checkpoint-a-folder"),
     pytest.param(["train", "reward=model", "reward.checkpoint={tmp}/empty.pt"], "/empty.pt' is an empty file",
                  id="reward-checkpoint-empty-file"),
+    pytest.param(["train", "reward=model", "reward.checkpoint={tmp}/a_file"], "/a_file is not a TorchScript file",
+                 id="reward-checkpoint-not-torchscript"),
     pytest.param(["train", "experiment=grpo_prompts", "model.source={tmp}/a_file", "env.path={tmp}/a_file"],
                  "model.source: '{tmp}/a_file' is a file, not a model folder", id="lm-source-a-file"),
     pytest.param(["train", "experiment=grpo_prompts", "model.source=Qwen/Qwen2.5-0.5B", "env.path="],
@@ -200,6 +203,18 @@ CASES = [
                  "unknown Atari game 'Pongg' (closest: Pong", id="atari-unknown-game"),
     pytest.param(["train", "algo=appo", "env.id=rlfarm.nope:Thing-v0"], "env.id=rlfarm.nope:Thing-v0: cannot import",
                  id="env-id-module-missing"),
+    # mistakes only building things finds (rlfarm/config/probes.py), found in the driver before any role starts
+    pytest.param(["train", "env=cartpole"], "algo=sac learns a squashed-Gaussian policy and Q(s, a): continuous (Box) "
+                 "actions only, but CartPole-v1 has discrete actions (Discrete(2)) — use algo=ppo|impala|appo",
+                 id="sac-on-discrete-actions"),
+    pytest.param(["train", "reward=model"], "reward=model names no reward model — set reward.module._target_=",
+                 id="reward-model-without-a-model"),
+    pytest.param(["train", "reward=model", "reward.module._target_=rlfarm.rewards.model.BrightnessReward",
+                  "+reward.module.scale=abc"], "reward.module: rlfarm.rewards.model.BrightnessReward cannot be built: "
+                 "ValueError: could not convert string to float: 'abc'", id="reward-module-constructor-raises"),
+    pytest.param(["train", "algo=ppo", "env=pendulum", "model.actor.hidden=[-3]"],
+                 "model.actor (rlfarm.models.actor_critic.ActorCritic) cannot be built for Pendulum-v1: RuntimeError",
+                 id="policy-constructor-raises"),
     # GRPO on text (the llm family)
     pytest.param(["train", "experiment=grpo_digits", "reward.verifier=exactmatch"], "unknown reward.verifier 'exactmatch'",
                  id="grpo-unknown-verifier"),
@@ -247,7 +262,7 @@ CASES = [
 # Rows that also run as a subprocess: a bad choice, an unknown key, a `_target_` typo (its module is imported:
 # torch), a topology bigger than this machine (the cluster check), a cluster address where nothing listens.
 SUBPROCESS_ROWS = {"unknown-env", "unknown-top-level-key", "reward-target-typo", "gpus-beyond-cluster",
-                   "ray-address-nothing-listens", "fit-file-without-labels"}
+                   "ray-address-nothing-listens", "fit-file-without-labels", "sac-on-discrete-actions"}
 # Environment a row runs in: `auto` finds its address in RAY_ADDRESS before it looks for a local cluster (other
 # Ray sessions on this machine would be found), so the row names one where nothing listens.
 ROW_ENV = {"ray-address-auto-nothing-listens": {"RAY_ADDRESS": "127.0.0.1:1"}}
@@ -313,7 +328,6 @@ def test_bad_input_is_one_clear_line_and_leaves_nothing(tmp_path, args, needle):
     pytest.param(["algo.agent._target_=rlfarm.algos.stalling.StallingAgent", "+algo.agent.stall_at=5"],
                  id="argument-of-a-target-with-kwargs"),
     pytest.param(["reward=clip", "reward.model=openai/clip-vit-base-patch16"], id="hub-id"),
-    pytest.param(["reward=model", "reward.checkpoint={tmp}/a_file"], id="checkpoint-file"),
 ])
 def test_what_something_reads_passes_the_preflight(tmp_path, monkeypatch, args):
     """The other side of the table: keys and paths that are right must not be refused."""

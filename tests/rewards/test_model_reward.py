@@ -52,12 +52,13 @@ class TwoRewards(torch.nn.Module):
         return frames.float().mean(dim=(1, 2))[:, :2]
 
 
-def test_wrong_output_shape_raises(tmp_path):
+def test_wrong_output_shape_is_found_by_the_probe_at_setup(tmp_path):
+    """Before the first bus: every bus of a module returning [n, 2] would be quarantined."""
     checkpoint = tmp_path / "two.ts"
     torch.jit.script(TwoRewards()).save(str(checkpoint))
-    reward = ready(ModuleReward(checkpoint=str(checkpoint)))
-    with pytest.raises(RewardModelError, match=r"returned \(3, 2\) for 3 inputs; expected \[n\] or \[n, 1\]"):
-        reward(frames(1, 2, 3))
+    with pytest.raises(RewardModelError, match=r"reward module .*two.ts returned shape \[2, 2\] \(torch.float32\) for "
+                       r"a probe batch of frames \[2, 84, 84, 3\] uint8; it must return \[n\] or \[n, 1\] floats"):
+        ready(ModuleReward(model=str(checkpoint)))  # a TorchScript file through reward.model
 
 
 def test_missing_checkpoint_and_missing_module_raise(tmp_path):
@@ -68,7 +69,8 @@ def test_missing_checkpoint_and_missing_module_raise(tmp_path):
 
 
 def test_model_config_builds_the_module_only_in_setup():
-    cfg = compose("train", ["reward=model", "reward.frame_size=16"])
+    cfg = compose("train", ["reward=model", "reward.frame_size=16", f"reward.module._target_={BRIGHTNESS}",
+                            "+reward.module.scale=1.0"])
     reward = instantiate(cfg.reward)
     assert isinstance(reward, ModuleReward) and reward.frame_size == 16
     assert reward.module == {"_target_": BRIGHTNESS, "scale": 1.0}  # still a node: labelers build it on their device
