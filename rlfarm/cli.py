@@ -60,12 +60,15 @@ def main(argv: list[str] | None = None) -> None:
         rest = module.redirect_resume(rest)
     if hasattr(module, "rewrite_args"):  # e.g. `rlfarm bench learner` → bench=learner
         rest = module.rewrite_args(rest)
-    if not HYDRA_INFO_FLAGS & set(rest):
-        try:
-            module.preflight(config_name, rest)
-        except RlfarmError as error:
-            fail(error)
-    run_hydra_app(module.task, config_name, command, rest)
+    try:
+        if not HYDRA_INFO_FLAGS & set(rest):
+            try:
+                module.preflight(config_name, rest)
+            except RlfarmError as error:
+                fail(error)
+        run_hydra_app(module.task, config_name, command, rest)
+    except KeyboardInterrupt:  # Ctrl-C before a run's loop handles it (start-up): one line, not a traceback
+        fail("interrupted", code=130)
 
 
 def run_hydra_app(task, config_name: str, command: str, args: list[str]) -> None:

@@ -3,6 +3,7 @@ checkpoint → resume=auto: see the note at the end)."""
 import os
 import re
 import signal
+import time
 
 import pytest
 
@@ -34,8 +35,11 @@ def test_sigkill_then_resume_continues_from_the_newest_intact_checkpoint(tmp_pat
     os.truncate(newest, os.path.getsize(newest) // 2)
     os.utime(newest, (mtime, mtime))  # still the newest by time: only its contents are damaged
 
+    started = time.time()
     resumed = start(run_dir, f"resume={run_dir}", "algo.batch_size=64")
-    assert wait_for(lambda: any(row["env_steps"] > state["stored"] for row in metrics_rows(run_dir)), 240), \
+    # the killed run's rows past the checkpoint are dropped when the resumed one starts; then it logs its own
+    assert wait_for(lambda: os.path.getmtime(run_dir / "metrics.jsonl") > started and
+                    any(row["env_steps"] > state["stored"] for row in metrics_rows(run_dir)), 240), \
         "the resumed run logged nothing past its checkpoint"
     resumed.send_signal(signal.SIGINT)  # Ctrl-C: to the driver only (Ray's processes ignore it)
     said, err = resumed.communicate(timeout=120)
