@@ -18,8 +18,9 @@ def test_report_of_a_sweep_overlays_runs_and_averages_seeds(tiny_sweep, tmp_path
     assert out.returncode == 0, out.stderr[-2000:]
     report = tiny_sweep / "report"
     # rewards: the true return beside the labeled and env reward per step (the runs log both; here they are equal)
-    sizes = {"returns": (2, 1), "throughput": (3, 1), "labeling": (2, 1), "rewards": (3, 1), "overview": (4, 3),
-             "returns_across_seeds": (2, 1)}
+    # losses: SAC's critic, actor, temperature and entropy (IMPALA's policy and value losses are not drawn: no data)
+    sizes = {"returns": (2, 1), "throughput": (3, 1), "labeling": (2, 1), "losses": (4, 1), "rewards": (3, 1),
+             "overview": (4, 4), "returns_across_seeds": (2, 1)}
     for name, (ncols, nrows) in sizes.items():
         with Image.open(report / f"{name}.png") as image:
             assert image.size == expected_size(ncols, nrows), name
@@ -30,6 +31,7 @@ def test_report_of_a_sweep_overlays_runs_and_averages_seeds(tiny_sweep, tmp_path
     assert len(rows) == 2 and "| done |" in rows[0]
     assert "## Across seeds" in markdown and "| 1, 2 |" in markdown
     assert "![returns_across_seeds](report/returns_across_seeds.png)" in markdown
+    assert {p.name for p in report.glob("*.png")} == {f"{name}.png" for name in sizes}  # no lag.png: SAC has none
     assert list(tmp_path.iterdir()) == []  # nothing stray where the command ran
 
 
