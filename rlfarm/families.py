@@ -36,6 +36,8 @@ class Family:
     optional_roles: tuple[str, ...] = ()  # roles it places only when the topology lists them
     learner_ranks: bool = False  # its learner may be several data-parallel ranks (topology.roles.learner.count)
     plan_rules: str | None = None  # "module:function" (cfg, plan): what it asks of the planned topology
+    not_evaluated: str | None = None  # why `rlfarm eval` does not play its runs and where their scores are
+                                      # (None: eval plays its policy on its env)
 
     def places(self, role: str) -> bool:
         return role in self.roles or role in self.optional_roles
@@ -92,6 +94,8 @@ LLM = Family(
     columns=UPDATE_COLUMNS,
     step_key="updates",
     report=LLM_REPORT,
+    not_evaluated="its policy is scored while it trains: the reward on the task's prompts is in metrics.jsonl "
+                  "and summary.json (reward_mean); draw it with rlfarm report path=<run dir>",
 )
 VLA = Family(
     name="vla",
@@ -105,6 +109,8 @@ VLA = Family(
     columns=UPDATE_COLUMNS,
     step_key="env_steps",
     report=VLA_REPORT,
+    not_evaluated="its policy is scored while it trains: the success rate of each update's episodes is in "
+                  "metrics.jsonl and summary.json (success_rate); draw it with rlfarm report path=<run dir>",
 )
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (OFFPOLICY, PPO, LLM, VLA)}

@@ -36,7 +36,7 @@ def test_sigkill_then_resume_continues_from_the_newest_intact_checkpoint(tmp_pat
     os.utime(newest, (mtime, mtime))  # still the newest by time: only its contents are damaged
 
     started = time.time()
-    resumed = start(run_dir, f"resume={run_dir}", "algo.batch_size=64")
+    resumed = start_train(run_dir, f"resume={run_dir}", "algo.batch_size=64")
     # the killed run's rows past the checkpoint are dropped when the resumed one starts; then it logs its own
     assert wait_for(lambda: os.path.getmtime(run_dir / "metrics.jsonl") > started and
                     any(row["env_steps"] > state["stored"] for row in metrics_rows(run_dir)), 240), \
