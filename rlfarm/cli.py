@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 
 from rich.console import Console
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"unknown command '{command}' — commands are: {', '.join(COMMANDS)}")
     module_name, config_name, _ = COMMANDS[command]
     module = importlib.import_module(module_name)
+    rest = [integral_numbers(arg) for arg in rest]
     if hasattr(module, "redirect_resume"):
         rest = module.redirect_resume(rest)
     if hasattr(module, "rewrite_args"):  # e.g. `rlfarm bench learner` → bench=learner
@@ -69,6 +71,21 @@ def main(argv: list[str] | None = None) -> None:
         run_hydra_app(module.task, config_name, command, rest)
     except KeyboardInterrupt:  # Ctrl-C before a run's loop handles it (start-up): one line, not a traceback
         fail("interrupted", code=130)
+
+
+E_NOTATION = re.compile(r"[+]?\d+(\.\d*)?[eE]\+?\d+")
+
+
+def integral_numbers(arg: str) -> str:
+    """`total_env_steps=1e6` as `total_env_steps=1000000`: Hydra reads e-notation as a float, which an integer key
+    refuses; a whole number so written is meant as one (each value of a sweep's `a,b` too)."""
+    key, equals, value = arg.partition("=")
+    if not equals or arg.startswith("-"):
+        return arg
+    values = value.split(",")
+    if not all(E_NOTATION.fullmatch(v) and float(v).is_integer() for v in values):
+        return arg
+    return f"{key}={','.join(str(int(float(v))) for v in values)}"
 
 
 def run_hydra_app(task, config_name: str, command: str, args: list[str]) -> None:
