@@ -6,7 +6,9 @@ composed once to turn a bad override into one clear line instead of a traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import os
 import re
 import sys
@@ -26,6 +28,8 @@ COMMANDS = {
                    "fit a reward model to frames: rlfarm fit-reward env=pendulum (then reward=model reward.model=...)"),
     "bench": ("rlfarm.commands.bench", "bench", "measure a stage next to its baseline: rlfarm bench learner|labeler|engine|sync|pipeline"),
 }
+# Config groups of conf/ that no run picks (other commands' options, the schemas): left out of `--help`'s list.
+INTERNAL_GROUPS = {"train": ("bench", "net", "schema"), "plan": ("bench", "net", "schema")}
 HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--shell-completion", "-sc"}
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -94,7 +98,24 @@ def run_hydra_app(task, config_name: str, command: str, args: list[str]) -> None
     from rlfarm.config import CONF_DIR
 
     sys.argv = [f"rlfarm {command}", *args]
-    hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(task)()
+    app = hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(task)
+    if not {"--help", "-h"} & set(args) or command not in INTERNAL_GROUPS:
+        app()
+        return
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        try:
+            app()
+        except SystemExit as done:  # Hydra exits after the help
+            code = done.code
+    print(without_groups(shown.getvalue(), INTERNAL_GROUPS[command]), end="")
+    raise SystemExit(code)
+
+
+def without_groups(help_text: str, groups: tuple[str, ...]) -> str:
+    """Hydra's help less the lines listing `groups` (and their subgroups: `schema/algo: ...`)."""
+    return "".join(line for line in help_text.splitlines(keepends=True)
+                   if not line.split(":", 1)[0].split("/", 1)[0] in groups or ":" not in line)
 
 
 if __name__ == "__main__":
