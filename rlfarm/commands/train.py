@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -36,6 +37,10 @@ def preflight(config_name: str, args: list[str]) -> None:
 
 def task(cfg: DictConfig) -> dict:
     run_dir = HydraConfig.get().runtime.output_dir
+    if HydraConfig.get().job.get("num", 0):  # a sweep's later job: its "first env step" counts from now
+        from rlfarm.loops.offpolicy_metrics import job_started  # (imports Ray: not for a refused command)
+
+        job_started(time.time())
     if (Path(run_dir) / "summary.json").exists():
         if cfg.resume is None:  # never overwrite a finished run
             fail(ConfigError(f"{run_dir} already holds a finished run (summary.json)",
