@@ -5,7 +5,7 @@ from PIL import Image
 
 from rlfarm.telemetry.plots import PANEL_INCHES
 
-from helpers import one_line_error, rlfarm
+from helpers import one_line_error, read_summary, rlfarm
 
 
 def expected_size(ncols, nrows, dpi=100):
@@ -33,6 +33,9 @@ def test_report_of_a_sweep_overlays_runs_and_averages_seeds(tiny_sweep, tmp_path
     assert "![returns_across_seeds](report/returns_across_seeds.png)" in markdown
     assert {p.name for p in report.glob("*.png")} == {f"{name}.png" for name in sizes}  # no lag.png: SAC has none
     assert list(tmp_path.iterdir()) == []  # nothing stray where the command ran
+    # the sweep's jobs ran one after the other in one process: the second counts its start-up from its own start
+    first, second = (read_summary(tiny_sweep / job) for job in ("0", "1"))
+    assert second["startup_s"] < first["startup_s"] + first["wall_s"], (first["startup_s"], second["startup_s"])
 
 
 @pytest.mark.slow
