@@ -102,7 +102,7 @@ def run_hydra_app(task, config_name: str, command: str, args: list[str]) -> None
     if not {"--help", "-h"} & set(args) or command not in INTERNAL_GROUPS:
         app()
         return
-    shown = io.StringIO()
+    shown, code = io.StringIO(), 0
     with contextlib.redirect_stdout(shown):
         try:
             app()
