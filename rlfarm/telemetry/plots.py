@@ -21,6 +21,7 @@ import numpy as np
 
 from rlfarm.families import FAMILIES, current_name
 from rlfarm.telemetry.panels import PANELS, Report
+from rlfarm.telemetry.report_table import finite, group_label, report_markdown, reports_of
 
 PANEL_INCHES = (4.8, 3.4)
 IGNORED_KEYS = {"seed"}  # what may differ inside a seed group
@@ -58,10 +59,6 @@ class RunData:
         """What its family draws; every family's (then chosen by the data) when its config names none."""
         family = FAMILIES.get(current_name(self.config.get("algo.family")))
         return [family.report] if family else [f.report for f in FAMILIES.values()]
-
-
-def reports_of(runs: list[RunData]) -> list[Report]:
-    return list(dict.fromkeys(report for run in runs for report in run.reports))
 
 
 def has_data(runs: list[RunData], panel: str) -> bool:
@@ -248,8 +245,6 @@ def plot_seed_groups(groups: list[list[RunData]], path: Path, smooth: int = 5, d
 def write_report(root: Path, smooth: int = 5, dpi: int = 100) -> dict:
     """PNGs under <root>/report/ and <root>/report.md. Returns {"runs": n, "figures": [paths], "panels": {figure
     name: [panels drawn]}, "markdown": path}."""
-    from rlfarm.telemetry.report_table import report_markdown
-
     root = Path(root)
     runs = load_runs(root)
     if not runs:
@@ -323,11 +318,6 @@ def _colors(n: int) -> list[tuple]:
     return [tuple(cmap(i if n <= 10 else i / max(n - 1, 1))) for i in range(n)]
 
 
-def group_label(group: list[RunData]) -> str:
-    others = [part for part in group[0].label.split(" ") if not part.startswith("seed=")]
-    return f"{' '.join(others) or 'all runs'} ({len(group)} seeds)"
-
-
 def _flatten(tree: dict, prefix: str = "") -> dict:
     flat = {}
     for key, value in tree.items():
@@ -352,17 +342,6 @@ def _short(value) -> str:
 
 def _natural_key(path: Path) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
-
-
-def finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def relative(path: Path, root: Path) -> str:
-    try:
-        return str(Path(path).relative_to(root)) or "."
-    except ValueError:
-        return str(path)
 
 
 def _read_json(path: Path) -> dict | None:

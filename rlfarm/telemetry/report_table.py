@@ -1,16 +1,39 @@
 """report.md: a table of each run's final numbers (summary.json over its last metrics row), the seed groups' means
 of their family's headline (return, reward, success), and links to the figures. The columns are the families'
-(`Report.table`, rlfarm/telemetry/panels.py), each shown only where some run has a value for it."""
+(`Report.table`, rlfarm/telemetry/panels.py), each shown only where some run has a value for it. Also the small
+helpers the figures share with it (rlfarm/telemetry/plots.py, whose `RunData` the runs here are)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 
-from rlfarm.telemetry.plots import RunData, finite, group_label, relative, reports_of
+from rlfarm.telemetry.panels import Report
 
 
-def report_markdown(root: Path, runs: list[RunData], groups: list[list[RunData]], figures: list[Path]) -> str:
+def reports_of(runs: list) -> list[Report]:
+    """What the runs' families draw, each once, in the runs' order."""
+    return list(dict.fromkeys(report for run in runs for report in run.reports))
+
+
+def group_label(group: list) -> str:
+    others = [part for part in group[0].label.split(" ") if not part.startswith("seed=")]
+    return f"{' '.join(others) or 'all runs'} ({len(group)} seeds)"
+
+
+def finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def relative(path: Path, root: Path) -> str:
+    try:
+        return str(Path(path).relative_to(root)) or "."
+    except ValueError:
+        return str(path)
+
+
+def report_markdown(root: Path, runs: list, groups: list[list], figures: list[Path]) -> str:
     lines = [f"# rlfarm report: `{root}`", "", f"{len(runs)} run{'s' if len(runs) != 1 else ''}.", ""]
     fields = list(dict.fromkeys(field for report in reports_of(runs) for field in report.table))
     fields = [field for field in fields if any(finite(run.final.get(field[0])) for run in runs)]
