@@ -9,8 +9,11 @@ puts the driver's directory on their path).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import os
+import re
 import sys
 
 from rich.console import Console
@@ -29,6 +32,8 @@ COMMANDS = {
                    "fit a reward model to frames: rlfarm fit-reward env=pendulum (then reward=model reward.model=...)"),
     "bench": ("rlfarm.commands.bench", "bench", "measure a stage next to its baseline: rlfarm bench learner|labeler|engine|sync|pipeline"),
 }
+# Config groups of conf/ that no run picks (other commands' options, the schemas): left out of `--help`'s list.
+INTERNAL_GROUPS = {"train": ("bench", "net", "schema"), "plan": ("bench", "net", "schema")}
 HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--shell-completion", "-sc"}
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -62,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())  # after the installed packages: a file here named like one does not shadow it
     module = importlib.import_module(module_name)
+    rest = [integral_numbers(arg) for arg in rest]
     if hasattr(module, "redirect_resume"):
         rest = module.redirect_resume(rest)
     if hasattr(module, "rewrite_args"):  # e.g. `rlfarm bench learner` → bench=learner
@@ -72,12 +78,30 @@ def main(argv: list[str] | None = None) -> None:
         use_command_line(rest)
     except RlfarmError as error:
         fail(error)
-    if not HYDRA_INFO_FLAGS & set(rest):
-        try:
-            module.preflight(config_name, rest)
-        except RlfarmError as error:
-            fail(error)
-    run_hydra_app(module.task, config_name, command, rest)
+    try:
+        if not HYDRA_INFO_FLAGS & set(rest):
+            try:
+                module.preflight(config_name, rest)
+            except RlfarmError as error:
+                fail(error)
+        run_hydra_app(module.task, config_name, command, rest)
+    except KeyboardInterrupt:  # Ctrl-C before a run's loop handles it (start-up): one line, not a traceback
+        fail("interrupted", code=130)
+
+
+E_NOTATION = re.compile(r"[+]?\d+(\.\d*)?[eE]\+?\d+")
+
+
+def integral_numbers(arg: str) -> str:
+    """`total_env_steps=1e6` as `total_env_steps=1000000`: Hydra reads e-notation as a float, which an integer key
+    refuses; a whole number so written is meant as one (each value of a sweep's `a,b` too)."""
+    key, equals, value = arg.partition("=")
+    if not equals or arg.startswith("-"):
+        return arg
+    values = value.split(",")
+    if not all(E_NOTATION.fullmatch(v) and float(v).is_integer() for v in values):
+        return arg
+    return f"{key}={','.join(str(int(float(v))) for v in values)}"
 
 
 def run_hydra_app(task, config_name: str, command: str, args: list[str]) -> None:
@@ -86,7 +110,24 @@ def run_hydra_app(task, config_name: str, command: str, args: list[str]) -> None
     from rlfarm.config import CONF_DIR
 
     sys.argv = [f"rlfarm {command}", *args]
-    hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(task)()
+    app = hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(task)
+    if not {"--help", "-h"} & set(args) or command not in INTERNAL_GROUPS:
+        app()
+        return
+    shown, code = io.StringIO(), 0
+    with contextlib.redirect_stdout(shown):
+        try:
+            app()
+        except SystemExit as done:  # Hydra exits after the help
+            code = done.code
+    print(without_groups(shown.getvalue(), INTERNAL_GROUPS[command]), end="")
+    raise SystemExit(code)
+
+
+def without_groups(help_text: str, groups: tuple[str, ...]) -> str:
+    """Hydra's help less the lines listing `groups` (and their subgroups: `schema/algo: ...`)."""
+    return "".join(line for line in help_text.splitlines(keepends=True)
+                   if not line.split(":", 1)[0].split("/", 1)[0] in groups or ":" not in line)
 
 
 if __name__ == "__main__":

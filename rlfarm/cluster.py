@@ -108,9 +108,11 @@ def ray_session(ray_cfg: DictConfig, plan: Plan):
         os.environ.setdefault(key, value)
     # Token auth stays on (Ray's default); its notice on every start is noise for a local private cluster.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    # Ray's start takes seconds with nothing on screen: say what is happening
     if ray_cfg.address:
-        ray.init(address=cluster_address(str(ray_cfg.address)), logging_level=logging.WARNING, log_to_driver=True,
-                 runtime_env=_runtime_env())
+        address = cluster_address(str(ray_cfg.address))
+        logging.getLogger("rlfarm").info("joining Ray at %s …", address)
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True, runtime_env=_runtime_env())
         try:
             check_cluster(plan, ray.cluster_resources())
         except Exception:
@@ -128,6 +130,8 @@ def ray_session(ray_cfg: DictConfig, plan: Plan):
         _loopback_only(ray)
         # address="local": a private cluster even where RAY_ADDRESS is set (ray.init would join that one)
         cpus = int(available["CPU"]) if float(available["CPU"]).is_integer() else available["CPU"]
+        logging.getLogger("rlfarm").info("starting Ray (a private local cluster: %s CPUs, %d GPUs) …", cpus,
+                                         int(available["GPU"]))
         ray.init(address="local", num_cpus=cpus,
                  num_gpus=int(available["GPU"]), include_dashboard=bool(ray_cfg.dashboard),
                  _node_ip_address="127.0.0.1", logging_level=logging.WARNING, log_to_driver=True,

@@ -23,9 +23,12 @@ class JobFailed(RuntimeError):
 
 
 class Preempted(Exception):
-    """SIGTERM arrived (Slurm preemption or time limit): a checkpoint was written; resume with resume=auto."""
+    """The run was told to stop and wrote a checkpoint first: SIGTERM (Slurm's preemption or time limit; exit 75,
+    and the Slurm scripts requeue it with resume=auto) or the first Ctrl-C (`interrupted`; exit 130). The message
+    is the command that continues it, as typed."""
 
-    def __init__(self, checkpoint: str | None):
-        super().__init__(f"preempted: checkpoint {checkpoint} written; rerun with resume=auto to continue"
-                         if checkpoint else "preempted before the first checkpoint; resume=auto starts over")
-        self.checkpoint = checkpoint
+    def __init__(self, checkpoint: str | None, run_dir=None, interrupted: bool = False):
+        how = "interrupted" if interrupted else "preempted"
+        super().__init__(f"{how}: checkpoint {checkpoint} written; continue with: rlfarm train resume={run_dir}"
+                         if checkpoint else f"{how} before the first checkpoint; a rerun starts over")
+        self.checkpoint, self.interrupted = checkpoint, interrupted

@@ -83,6 +83,19 @@ def check_run_dir(run_dir: str | Path) -> Path:
     return path
 
 
+def check_evaluable(run_dir: Path) -> None:
+    """RlfarmError in one line when the run's family is not one eval plays (an LLM or VLA run: their scores were
+    measured in training; the family record says where)."""
+    from rlfarm.families import FAMILIES, current_name
+
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    family = FAMILIES.get(current_name(OmegaConf.select(saved, "algo.family", default=None)))
+    if family is not None and family.not_evaluated:
+        name = OmegaConf.select(saved, "algo.name", default=family.name)
+        raise RlfarmError(f"rlfarm eval plays gymnasium policies on their env; {run_dir} is a {name} run "
+                          f"({family.name} family), which it does not play", family.not_evaluated)
+
+
 def shell_quoted_value(path: Path) -> str:
     """A path as a Hydra override value typed in a shell: Hydra sweep dirs hold `,` `=` `[` which Hydra would parse."""
     text = str(path)
@@ -91,6 +104,7 @@ def shell_quoted_value(path: Path) -> str:
 
 def load_trained_run(run_dir: str | Path, checkpoint: str = "latest") -> TrainedRun:
     path = check_run_dir(run_dir)
+    check_evaluable(path)
     ckpt = find_checkpoint(path, checkpoint)
     try:
         state = torch.load(ckpt, map_location="cpu", weights_only=True)

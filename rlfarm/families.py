@@ -1,10 +1,10 @@
 """The algorithm families, one record each: the one place a family is named or told apart from another.
 
 A family is one data path through the roles: which roles it places, the driver (loop) that runs them, what it
-asks of a config beyond the schemas, what the run says at its end, the live view's columns and the counter that
-orders its metrics rows. `algo.family` in conf/algo/*.yaml names one (the schema refuses any other name). Code
-elsewhere asks the record (`family_of(cfg)`, `run.family`) and never compares names, so adding a family is
-adding a record here and its loop, nothing else.
+asks of a config beyond the schemas, what the run says at its end, the live view's columns, the counter that
+orders its metrics rows and what `rlfarm report` draws of them. `algo.family` in conf/algo/*.yaml names one (the
+schema refuses any other name). Code elsewhere asks the record (`family_of(cfg)`, `run.family`) and never compares
+names, so adding a family is adding a record here and its loop, nothing else.
 
 A record names its code as "module:attribute", imported when first used: this module imports only data, so
 every floor (topology, config, telemetry, commands) reads a record without an import circle, and a loop's torch
@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from rlfarm.errors import ConfigError
 from rlfarm.telemetry.columns import OFFPOLICY_COLUMNS, PPO_COLUMNS, UPDATE_COLUMNS, Columns
+from rlfarm.telemetry.panels import LLM_REPORT, OFFPOLICY_REPORT, PPO_REPORT, VLA_REPORT, Report
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,12 @@ class Family:
     paragraph: str             # "module:function" (cfg, summary, run_dir) -> the run's closing paragraph
     columns: Columns           # what the live view shows of a row
     step_key: str              # the counter that orders metrics rows (a resume drops the rows past it)
+    report: Report             # what `rlfarm report` draws and tabulates of its runs (rlfarm/telemetry/panels.py)
     optional_roles: tuple[str, ...] = ()  # roles it places only when the topology lists them
     learner_ranks: bool = False  # its learner may be several data-parallel ranks (topology.roles.learner.count)
     plan_rules: str | None = None  # "module:function" (cfg, plan): what it asks of the planned topology
+    not_evaluated: str | None = None  # why `rlfarm eval` does not play its runs and where their scores are
+                                      # (None: eval plays its policy on its env)
 
     def places(self, role: str) -> bool:
         return role in self.roles or role in self.optional_roles
@@ -63,6 +67,7 @@ OFFPOLICY = Family(
     paragraph="rlfarm.telemetry.summary:offpolicy_paragraph",
     columns=OFFPOLICY_COLUMNS,
     step_key="env_steps",
+    report=OFFPOLICY_REPORT,
 )
 PPO = Family(
     name="ppo",
@@ -74,6 +79,7 @@ PPO = Family(
     paragraph="rlfarm.telemetry.summary:ppo_paragraph",
     columns=PPO_COLUMNS,
     step_key="env_steps",
+    report=PPO_REPORT,
 )
 LLM = Family(
     name="llm",
@@ -87,6 +93,9 @@ LLM = Family(
     paragraph="rlfarm.telemetry.summary:llm_paragraph",
     columns=UPDATE_COLUMNS,
     step_key="updates",
+    report=LLM_REPORT,
+    not_evaluated="its policy is scored while it trains: the reward on the task's prompts is in metrics.jsonl "
+                  "and summary.json (reward_mean); draw it with rlfarm report path=<run dir>",
 )
 VLA = Family(
     name="vla",
@@ -99,6 +108,9 @@ VLA = Family(
     paragraph="rlfarm.telemetry.summary:vla_paragraph",
     columns=UPDATE_COLUMNS,
     step_key="env_steps",
+    report=VLA_REPORT,
+    not_evaluated="its policy is scored while it trains: the success rate of each update's episodes is in "
+                  "metrics.jsonl and summary.json (success_rate); draw it with rlfarm report path=<run dir>",
 )
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (OFFPOLICY, PPO, LLM, VLA)}

@@ -108,3 +108,21 @@ class RecordingRunner:
     @property
     def newest(self) -> int:
         return max(self.pushed + self.carried)
+
+
+def report_of_one_run(run_dir, must_draw: set[str]) -> dict[str, list[str]]:
+    """What `rlfarm report path=<run_dir>` draws (figure → panels, rlfarm/telemetry/panels.py), checked: the panels
+    `must_draw` are among them, every panel drawn has a line, and report.md's row has a value in every column."""
+    from rlfarm.telemetry.panels import PANELS
+    from rlfarm.telemetry.plots import load_runs, series, write_report
+
+    result = write_report(Path(run_dir), dpi=20)
+    drawn = {panel for panels in result["panels"].values() for panel in panels}
+    assert must_draw <= drawn, (must_draw - drawn, result["panels"])
+    run = load_runs(Path(run_dir))[0]
+    for panel in drawn:
+        spec = PANELS[panel]
+        assert any(len(series(run, key, spec.x)[0]) for key in spec.keys), f"panel {panel} would be empty"
+    row = next(line for line in result["markdown"].read_text().splitlines() if line.startswith("| ") and "`.`" in line)
+    assert " - |" not in row, row
+    return result["panels"]

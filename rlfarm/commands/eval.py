@@ -21,14 +21,16 @@ log = logging.getLogger("rlfarm")
 
 
 def preflight(config_name: str, args: list[str]) -> None:
-    from rlfarm.evaluation import check_run_dir, find_checkpoint
+    from rlfarm.evaluation import check_evaluable, check_run_dir, find_checkpoint
 
     # `reward` names a config group of conf/, so Hydra would read reward=true as a group choice.
     if any(a.split("=", 1)[0] == "reward" for a in args):
         raise ConfigError("eval has no option 'reward'", "score episodes with the run's reward model by reward_model=true")
     for cfg in compose_jobs(config_name, args, "run_dir"):
         check_options(cfg)
-        find_checkpoint(check_run_dir(cfg.run_dir), str(cfg.checkpoint))
+        run_dir = check_run_dir(cfg.run_dir)
+        check_evaluable(run_dir)
+        find_checkpoint(run_dir, str(cfg.checkpoint))
 
 
 def check_options(cfg: DictConfig) -> None:

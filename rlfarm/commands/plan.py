@@ -1,7 +1,9 @@
 """`rlfarm plan`: place the topology's roles on the cluster and print role → pool → GPU ids.
 
 Probe actors are started exactly where the real roles would be, and report the GPU ids Ray gave
-them; no model is loaded. Exits 2 with one line when the cluster is too small."""
+them; no model is loaded. Exits 2 with one line when the cluster is too small. It writes nothing: no run
+directory, no log file; and it checks only what placement reads (keys and the topology), not the classes a run
+would build (importing them, torch among them, is most of a run's start-up)."""
 from __future__ import annotations
 
 from omegaconf import DictConfig
@@ -10,14 +12,25 @@ from rich.table import Table
 
 from rlfarm.cli import fail
 from rlfarm.cluster import ray_session
-from rlfarm.commands.common import check_local_cluster, compose_checked
+from rlfarm.commands.common import check_local_cluster, compose_checked_with
+from rlfarm.config import check_known_keys
 from rlfarm.errors import RlfarmError
 from rlfarm.families import family_of
 from rlfarm.topology import PlacedTopology, describe, gpu_share_label, plan_topology
 
 
+NOTHING_WRITTEN = ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=stdout"]
+
+
+def rewrite_args(args: list[str]) -> list[str]:
+    """Hydra's run directory is the current one, and nothing is written in it (no .hydra/, no log file)."""
+    return [*args, *NOTHING_WRITTEN]
+
+
 def preflight(config_name: str, args: list[str]) -> None:
-    check_local_cluster(compose_checked(config_name, args), args)
+    cfg = compose_checked_with(config_name, args, check_known_keys)
+    family_of(cfg).check_plan(cfg, plan_topology(cfg.topology, family_of(cfg)))
+    check_local_cluster(cfg, args)
 
 
 class Probe:

@@ -5,17 +5,22 @@ its algo, experiment and values) ahead of the ones typed now, so that the prefli
 run's config and check what is typed now against it: `resume=<a grpo run> algo.max_updates=80` names a key of
 GRPO's, not of the default algorithm's. In the run, `resolve_resume` takes the saved config.yaml and lets only the
 keys that bound or place the run (RESUME_OVERRIDABLE) change.
+
+A run that resumes nothing (no resume=, or resume=auto where no checkpoint was written yet) never writes into the
+files of an earlier run in its directory (a second metrics history appended to the first): `fresh_run_dir` starts
+it in a new directory beside that one, and says so.
 """
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.errors import ConfigError
-from rlfarm.run import resume_checkpoint, saved_config
+from rlfarm.run import is_run_dir, resume_checkpoint, saved_config
 
 log = logging.getLogger("rlfarm")
 
@@ -79,6 +84,37 @@ def resolve_resume(cfg: DictConfig, run_dir: str) -> tuple[DictConfig, str | Non
         log.warning("resume keeps the run's saved config: ignored %s (on resume only %s can change; "
                     "start a new run to change the rest)", " ".join(ignored), ", ".join(RESUME_OVERRIDABLE))
     return saved, str(checkpoint)
+
+
+def fresh_run_dir(run_dir: str) -> str:
+    """Where a run that resumes nothing writes: `run_dir`, unless an earlier run wrote there; then the first free
+    `<run_dir>-2`, `-3`, ... with Hydra's record of this command (.hydra/) and its log (train.log) moved along."""
+    if not is_run_dir(run_dir):
+        return run_dir
+    number = 2
+    while Path(f"{run_dir}-{number}").exists():
+        number += 1
+    new = Path(f"{run_dir}-{number}")
+    new.mkdir(parents=True)
+    if (Path(run_dir) / ".hydra").is_dir():  # this command's, as Hydra just wrote it: `resume=<new>` reads it
+        shutil.copytree(Path(run_dir) / ".hydra", new / ".hydra")
+    _move_log_files(Path(run_dir), new)
+    log.warning("%s holds an earlier run with no checkpoint to resume: this run starts over in %s (the earlier "
+                "run's files are left as they are)", run_dir, new)
+    return str(new)
+
+
+def _move_log_files(old: Path, new: Path) -> None:
+    """Hydra's file handlers writing into `old` (train.log) write the same file name in `new` from now on."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == old.resolve():
+            moved = logging.FileHandler(new / Path(handler.baseFilename).name)
+            moved.setLevel(handler.level)
+            moved.setFormatter(handler.formatter)
+            root.removeHandler(handler)
+            handler.close()
+            root.addHandler(moved)
 
 
 def _plain(value):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-import signal
+import time
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from rlfarm.cli import fail
 from rlfarm.cluster import ray_session
 from rlfarm.commands.common import check_local_cluster, compose_checked
-from rlfarm.commands.resume import redirect_resume, resolve_resume  # noqa: F401 - redirect_resume: rlfarm.cli calls it
+from rlfarm.commands.resume import fresh_run_dir, redirect_resume, resolve_resume  # noqa: F401 - redirect_resume: rlfarm.cli calls it
 from rlfarm.config import validate
 from rlfarm.config.probes import probe_reward
 from rlfarm.errors import ConfigError, Preempted, RlfarmError
@@ -24,6 +24,7 @@ from rlfarm.topology import PlacedTopology, plan_topology
 log = logging.getLogger("rlfarm")
 
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL: "try again": a checkpoint was written, rerun with resume=auto
+INTERRUPTED_EXIT = 130  # Ctrl-C (128 + SIGINT), after the checkpoint the first one asks for
 
 
 def preflight(config_name: str, args: list[str]) -> None:
@@ -38,6 +39,10 @@ def preflight(config_name: str, args: list[str]) -> None:
 
 def task(cfg: DictConfig) -> dict:
     run_dir = HydraConfig.get().runtime.output_dir
+    if HydraConfig.get().job.get("num", 0):  # a sweep's later job: its "first env step" counts from now
+        from rlfarm.loops.offpolicy_metrics import job_started  # (imports Ray: not for a refused command)
+
+        job_started(time.time())
     if (Path(run_dir) / "summary.json").exists():
         if cfg.resume is None:  # never overwrite a finished run
             fail(ConfigError(f"{run_dir} already holds a finished run (summary.json)",
@@ -46,6 +51,8 @@ def task(cfg: DictConfig) -> dict:
         return json.loads((Path(run_dir) / "summary.json").read_text())
     try:
         cfg, resume_from = resolve_resume(cfg, run_dir)
+        if resume_from is None:
+            run_dir = fresh_run_dir(run_dir)
         validate(cfg)
         family = family_of(cfg)
         plan = plan_topology(cfg.topology, family)
@@ -61,12 +68,13 @@ def task(cfg: DictConfig) -> dict:
             run = Run(cfg, run_dir)
             summary = train_family(cfg, run, placed, resume_from)
     except Preempted as preempted:
-        run.fail(str(preempted), status="preempted", checkpoint=preempted.checkpoint)
-        fail(str(preempted), code=PREEMPTED_EXIT)
-    except KeyboardInterrupt:
+        run.fail(str(preempted), status="interrupted" if preempted.interrupted else "preempted",
+                 checkpoint=preempted.checkpoint)
+        fail(str(preempted), code=INTERRUPTED_EXIT if preempted.interrupted else PREEMPTED_EXIT)
+    except KeyboardInterrupt:  # before the loop ran, or a second Ctrl-C
         if run is not None:
             run.fail("interrupted")
-        fail("interrupted", code=130)
+        fail("interrupted", code=INTERRUPTED_EXIT)
     except Exception as error:  # any failure: one line on screen, the traceback in train.log
         log.debug("run failed", exc_info=True)
         message = failure_line(error)
@@ -113,13 +121,13 @@ def resume_from_dir_is_new(cfg: DictConfig, run_dir: str) -> bool:
 
 
 def train_family(cfg: DictConfig, run: Run, placed: PlacedTopology, resume_from: str | None = None) -> dict:
-    """Run the family's loop. Every loop takes `resume_from` and checkpoints on SIGTERM."""
+    """Run the family's loop. Every loop takes `resume_from` and checkpoints on SIGTERM (Slurm sends it before it
+    kills a job: exit PREEMPTED_EXIT) and on the first Ctrl-C (exit INTERRUPTED_EXIT)."""
     loop = run.family.loop_class()(cfg, run, placed, resume_from)
-    # Slurm sends SIGTERM before it kills a job: checkpoint and exit with PREEMPTED_EXIT.
-    signal.signal(signal.SIGTERM, lambda *_: loop.request_preemption())
-    summary = loop.train()
-    check_labels(summary)
-    if cfg.run.checkpoint:
-        summary["checkpoint"] = loop.checkpoint()
+    with loop.stopping_on_signals():
+        summary = loop.train()
+        check_labels(summary)
+        if cfg.run.checkpoint:
+            summary["checkpoint"] = loop.checkpoint()
     run.finish(summary)
     return summary

@@ -1,6 +1,7 @@
 """What every resumable loop does about checkpoints: write one every `run.checkpoint_every_updates` updates
-or `run.checkpoint_every_min` minutes (keeping the newest two), and turn SIGTERM into a flag the loop checks
-between cycles (it then writes preempted.pt and exits for a requeue). The loop supplies `checkpoint(name)`; the
+or `run.checkpoint_every_min` minutes (keeping the newest two), and turn SIGTERM and the first Ctrl-C into a flag
+the loop checks between cycles (it then writes preempted.pt and exits: 75 for a requeue, 130 after Ctrl-C; a second
+Ctrl-C exits at once). The loop supplies `checkpoint(name)`; the
 role writes the file with `rlfarm.checkpoint_files.write_checkpoint` (atomic, with a sha256 sidecar that
 retention deletes with it, and that a resume verifies).
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 import time
 from concurrent.futures import Future, wait
 
@@ -35,10 +38,11 @@ class PeriodicCheckpoints:
     and `schedule_checkpoints_from(updates)` on resume."""
 
     checkpoint_late_s: float | None = None  # warn once about a periodic checkpoint in flight this long
-    _preempt = False  # SIGTERM arrived (also while the roles start, before `_start_checkpoints`)
+    _preempt = False  # SIGTERM or Ctrl-C arrived: checkpoint after this cycle, then stop
+    _interrupted = False  # ... and it was Ctrl-C (the exit says "interrupted", 130)
 
     def _start_checkpoints(self, updates: int = 0) -> None:
-        self._preempt = False
+        self._preempt = self._interrupted = False
         self._in_flight: tuple[str, Future, float] | None = None  # (name, future path, requested at)
         self._late_warned = False
         self.schedule_checkpoints_from(updates)
@@ -51,6 +55,26 @@ class PeriodicCheckpoints:
     def request_preemption(self) -> None:
         """Signal-handler side: only sets a flag; the loop checkpoints after its current cycle."""
         self._preempt = True
+
+    @contextlib.contextmanager
+    def stopping_on_signals(self):
+        """While the loop runs: SIGTERM (Slurm) and the first Ctrl-C checkpoint and stop; a second Ctrl-C stops at
+        once (KeyboardInterrupt). The previous handlers come back after (a sweep runs its next job in this process)."""
+        previous = signal.signal(signal.SIGTERM, lambda *_: self.request_preemption()), \
+            signal.signal(signal.SIGINT, self._ctrl_c)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGINT, previous[1])
+
+    def _ctrl_c(self, *_) -> None:
+        if self._preempt:  # asked to stop already: this one means now
+            raise KeyboardInterrupt
+        self._interrupted = True
+        self.request_preemption()
+        # a raw write: the handler may run while the main thread holds the logging lock
+        os.write(2, b"\nCtrl-C: writing a checkpoint, then stopping (Ctrl-C again stops at once, without it)\n")
 
     def start_checkpoint(self, name: str) -> Future:
         """Ask for a checkpoint; the future holds its path. Default: written now, by `checkpoint(name)` (a
@@ -125,13 +149,13 @@ class PeriodicCheckpoints:
         """The exception that ends a preempted run: with preempted.pt, or, when a role died with the signal,
         with the newest checkpoint already on disk."""
         try:
-            return Preempted(self.checkpoint("preempted.pt", **checkpoint_args))
+            return Preempted(self.checkpoint("preempted.pt", **checkpoint_args), self.run.dir, self._interrupted)
         except Exception as error:  # noqa: BLE001 - a role that died with the signal cannot write one
             newest = newest_checkpoint(self.run.dir)
             log.warning("preempted, but preempted.pt could not be written (%s); a resume continues from %s",
                         str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__,
                         newest or "the start")
-            return Preempted(str(newest) if newest else None)
+            return Preempted(str(newest) if newest else None, self.run.dir, self._interrupted)
 
     @contextlib.contextmanager
     def until_preempted(self, **checkpoint_args):

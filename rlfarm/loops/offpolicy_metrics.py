@@ -102,11 +102,20 @@ class OffPolicyMetrics:
             "recoveries": self.supervisor.recoveries}
 
 
+JOB_STARTED_AT: list[float] = []  # a sweep's job after its first: when it started (the process started with the sweep)
+
+
+def job_started(at: float) -> None:
+    """A later job of a sweep run in this process (Hydra's basic launcher) counts its start-up from `at`."""
+    JOB_STARTED_AT[:] = [at]
+
+
 def startup_s(first_step_at: float) -> float | None:
-    """Seconds from this process's start (the command typed) to the first env step of any runner."""
+    """Seconds from the command's start (this process's, or its sweep job's: `job_started`) to the first env step
+    of any runner."""
     if first_step_at == float("inf"):
         return None
-    return round(first_step_at - psutil.Process().create_time(), 2)
+    return round(first_step_at - (JOB_STARTED_AT or [psutil.Process().create_time()])[0], 2)
 
 
 def accounted(learner_stats: dict) -> int:

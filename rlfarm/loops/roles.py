@@ -57,7 +57,8 @@ def warn_if_the_farm_would_starve(cfg: DictConfig, runners: int, labelers: int) 
     """Runners stop at `credits` chunks in flight; a labeler fires a full bus. A chunk stays in flight from the runner
     through a bus, the model and the learner's store until its ack, so the labelers see only part of what is in
     flight: on 4x H200 they were 75 % busy with twice their buses in flight, 99.5 % with four times
-    (docs/benchmarks.md). Below four times, say so once, with the fix."""
+    (docs/benchmarks.md). Below four times, say so once, with the fix. Only for labelers on GPUs: on CPU (the
+    default local topology) a model call costs about its batch, and a bus that fires on its timeout loses nothing."""
     algo = cfg.algo
     in_flight = runners * int(cfg.env.get("num_envs", 1)) * int(algo.chunk_steps) * int(algo.credits)
     buses = labelers * int(cfg.labeler.bus_items)
@@ -75,8 +76,8 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
     restartable = {"max_restarts": int(cfg.run.max_restarts), "max_task_retries": 0}
     as_dict = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731 - plain dicts travel to actors
     needs, frame_size, frame_stack = reward_inputs(cfg.reward)
-    if "frames" in needs:
-        warn_if_the_farm_would_starve(cfg, len(plan.of("env_runner")), len(plan.of("labeler")))
+    if "frames" in needs and any(p.gpus for p in plan.of("labeler")):  # a GPU frame farm; on CPU a bus that fires
+        warn_if_the_farm_would_starve(cfg, len(plan.of("env_runner")), len(plan.of("labeler")))  # on time is fine
     kwargs = as_dict(cfg.env.kwargs) if cfg.env.get("kwargs") else {}
     spaces = env_policy_dims(str(cfg.env.id), kwargs)  # before any actor: a bad env fails here, in one line
     learner_class = LEARNERS[str(algo.name)]

@@ -46,7 +46,7 @@ class LiveView:
         """`mode`: run.live (auto: live when stdout is a terminal). `columns`: what to show of a row, the family's
         (`run.family.columns`). `total_env_steps`: the budget the ETA shown is counted towards (None: the row's own
         eta_s)."""
-        self.columns, self.footer = columns.shown, columns.footer
+        self.columns, self.footer, self.kept = columns.shown, columns.footer, set(columns.kept)
         console = Console(file=sys.stdout)
         self.enabled = console.is_terminal if mode == "auto" else bool(mode)
         self.title, self.log_every_s, self._last_log = title, log_every_s, 0.0
@@ -72,21 +72,37 @@ class LiveView:
     def update(self, row: dict) -> None:
         row = self.shown(row)
         if self.live:
-            self.live.update(self.table(row))
+            self.live.update(self.table(row, self.live.console.width))
         now = time.monotonic()
         if now - self._last_log >= self.log_every_s:  # also into train.log, on a terminal or not
             self._last_log = now
             log.info("  ".join(f"{title}={_fmt(fmt, row.get(key))}" for key, title, fmt in self.columns + self.footer))
 
-    def table(self, shown: dict) -> Table:
-        """The table of a shown row (`shown`), with the rates' window and, off-policy, where the time goes under it."""
+    def table(self, shown: dict, width: int | None = None) -> Table:
+        """The table of a shown row (`shown`), with the rates' window and, off-policy, where the time goes under it;
+        its columns those that fit `width` (None: all)."""
         stages = (f"{title}: {_fmt(fmt, shown.get(key))}" for key, title, fmt in self.footer)
         table = Table(title=self.title, title_justify="left", caption=" · ".join([RATES_NOTE, *stages]),
                       caption_justify="left")
-        for _, title, _ in self.columns:
+        columns = self.fitting(shown, width)
+        for _, title, _ in columns:
             table.add_column(title, justify="right")
-        table.add_row(*(_fmt(fmt, shown.get(key)) for key, _, fmt in self.columns))
+        table.add_row(*(_fmt(fmt, shown.get(key)) for key, _, fmt in columns))
         return table
+
+    def fitting(self, shown: dict, width: int | None) -> tuple:
+        """The columns whose title and value fit `width` whole: the family's kept ones (its progress and return),
+        then the others in order, as far as they fit; a narrow terminal would otherwise cut every one short."""
+        if width is None:
+            return self.columns
+        needs = {key: max(len(title), len(_fmt(fmt, shown.get(key)))) + 3 for key, title, fmt in self.columns}  # │ ·x·
+        left = width - 1 - sum(needs[key] for key in self.kept if key in needs)
+        chosen = set(self.kept)
+        for key, _, _ in self.columns:
+            if key not in chosen and needs[key] <= left:
+                chosen.add(key)
+                left -= needs[key]
+        return tuple(field for field in self.columns if field[0] in chosen)
 
     def shown(self, row: dict) -> dict:
         """The row as shown: rates over the last few seconds (the row's own until two rows span some time), the ETA

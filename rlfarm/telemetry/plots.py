@@ -5,6 +5,9 @@ Runs of a root are labelled by the config keys that differ between them (e.g. `s
 Hydra's long sweep subdir names never reach a legend. Runs whose configs are equal except for `seed` form a
 *seed group*, drawn as mean ± std across seeds on a common x grid (each run interpolated, over the x range
 that all of the group's runs cover).
+
+What is drawn is the family's (`report` of its record in rlfarm/families.py, rlfarm/telemetry/panels.py), chosen
+by what the runs logged: no panel without data, no figure that only repeats panels drawn before it.
 """
 from __future__ import annotations
 
@@ -16,28 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-# (metric key, x key, panel title, x label). Rates are smoothed (they are per-window counts and spike as chunks land).
-PANELS = {
-    "return_vs_steps": ("episode_return_mean", "env_steps", "episode return (mean of last 10)", "env steps"),
-    "return_vs_wall": ("episode_return_mean", "wall_s", "episode return (mean of last 10)", "wall time (s)"),
-    "env_steps_per_s": ("env_steps_per_s", "wall_s", "acting: env steps / s", "wall time (s)"),
-    "labeled_per_s": ("labeled_per_s", "wall_s", "labeling: transitions / s", "wall time (s)"),
-    "updates_per_s": ("updates_per_s", "wall_s", "learning: updates / s", "wall time (s)"),
-    "labeling_lag_s": ("labeling_lag_s", "wall_s", "labeling lag (s, produced → labeled)", "wall time (s)"),
-    "buffer_size": ("buffer_size", "wall_s", "replay buffer size", "wall time (s)"),
-    "labeled_reward": ("labeled_reward_mean", "env_steps", "reward trained on (labeled, mean per step)", "env steps"),
-    "env_reward": ("env_reward_mean", "env_steps", "env's own reward (mean per step)", "env steps"),
-}
-FIGURES = {
-    "returns": ["return_vs_steps", "return_vs_wall"],
-    "throughput": ["env_steps_per_s", "labeled_per_s", "updates_per_s"],
-    "labeling": ["labeling_lag_s", "buffer_size"],
-    # the true return beside the reward the learner trained on: where a learned reward and the task part ways
-    "rewards": ["return_vs_steps", "labeled_reward", "env_reward"],
-}
-OPTIONAL_FIGURES = {"rewards": "labeled_reward_mean"}  # drawn only when some run logged this key
+from rlfarm.families import FAMILIES, current_name
+from rlfarm.telemetry.panels import PANELS, Report
+from rlfarm.telemetry.report_table import finite, group_label, report_markdown, reports_of
+
 PANEL_INCHES = (4.8, 3.4)
 IGNORED_KEYS = {"seed"}  # what may differ inside a seed group
+LINE_STYLES = ("-", "--", ":", "-.")  # a panel of several metrics: one style per metric, one colour per run
 
 
 @dataclass
@@ -60,10 +48,41 @@ class RunData:
 
     @property
     def final(self) -> dict:
-        """summary.json, or the last metrics row of a run that has none."""
-        if self.summary is not None:
-            return self.summary
-        return self.metrics[-1] if self.metrics else {}
+        """The last metrics row, overridden by summary.json where the run finished; with the run's env step rate."""
+        final = {**(self.metrics[-1] if self.metrics else {}), **(self.summary or {})}
+        if finite(final.get("env_steps")) and final.get("wall_s"):
+            final["env_steps_per_s"] = final["env_steps"] / final["wall_s"]
+        return final
+
+    @property
+    def reports(self) -> list[Report]:
+        """What its family draws; every family's (then chosen by the data) when its config names none."""
+        family = FAMILIES.get(current_name(self.config.get("algo.family")))
+        return [family.report] if family else [f.report for f in FAMILIES.values()]
+
+
+def has_data(runs: list[RunData], panel: str) -> bool:
+    """Some run logged a finite value of one of the panel's metrics at a finite x."""
+    spec = PANELS[panel]
+    return any(finite(row.get(spec.x)) and finite(row.get(key)) for run in runs for row in run.metrics
+               for key in spec.keys)
+
+
+def chosen_figures(runs: list[RunData]) -> dict[str, list[str]]:
+    """Figure name → its panels with data, the runs' families' figures merged by name in order; a figure whose
+    panels with data were all drawn before is left out (rewards.png without a labeled reward: returns.png again)."""
+    merged: dict[str, list[str]] = {}
+    for report in reports_of(runs):
+        for name, panels in report.figures:
+            merged.setdefault(name, [])
+            merged[name] += [p for p in panels if p not in merged[name]]
+    chosen, drawn = {}, set()
+    for name, panels in merged.items():
+        with_data = [p for p in panels if has_data(runs, p)]
+        if set(with_data) - drawn:
+            chosen[name] = with_data
+            drawn.update(with_data)
+    return chosen
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -140,7 +159,7 @@ def seed_groups(runs: list[RunData]) -> list[list[RunData]]:
 def series(run: RunData, key: str, x_key: str, smooth: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """(x, y) of one metric over the run's rows, rows without a finite value dropped; rates smoothed."""
     points = [(row[x_key], row[key]) for row in run.metrics
-              if _finite(row.get(x_key)) and _finite(row.get(key))]
+              if finite(row.get(x_key)) and finite(row.get(key))]
     if not points:
         return np.empty(0), np.empty(0)
     x, y = (np.asarray(v, dtype=np.float64) for v in zip(*points))
@@ -172,45 +191,60 @@ def mean_spread(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 200):
 
 def plot_panels(runs: list[RunData], panels: list[str], path: Path, smooth: int = 5, dpi: int = 100,
                 title: str | None = None, ncols: int | None = None) -> Path:
-    """One figure, one subplot per panel name (see PANELS), every run overlaid in its colour."""
+    """One figure, one subplot per panel name (rlfarm/telemetry/panels.py), every run overlaid in its colour; the
+    metrics of a panel of several in line styles named in its legend."""
     fig, axes = _figure(len(panels), ncols, title)
+    key_colors = _colors(max(len(PANELS[name].keys) for name in panels))
     for ax, name in zip(axes, panels):
-        key, x_key, panel_title, x_label = PANELS[name]
-        for run in runs:
-            x, y = series(run, key, x_key, smooth)
-            if len(x):
-                ax.plot(x, y, color=run.color, lw=1.4, label=run.label)
-        _style(ax, panel_title, x_label, empty=not ax.lines)
-    _legend(axes[0], runs)
+        spec = PANELS[name]
+        keys_drawn: set[str] = set()
+        for number, key in enumerate(spec.keys):
+            style = LINE_STYLES[number % len(LINE_STYLES)]
+            for index, run in enumerate(runs):
+                x, y = series(run, key, spec.x, smooth)
+                if not len(x):
+                    continue
+                keys_drawn.add(key)
+                label = run.label if len(spec.keys) == 1 else key if index == 0 else None
+                color = run.color if len(runs) > 1 or len(spec.keys) == 1 else key_colors[number]
+                ax.plot(x, y, color=color, lw=1.4, ls=style, label=label)
+        _style(ax, spec.title, spec.x_label, empty=not ax.lines)
+        if len(keys_drawn) > 1:
+            ax.legend(fontsize=6, loc="best")
+    _legend(axes[0], runs, panels[0])
     return _save(fig, path, dpi)
 
 
 def plot_seed_groups(groups: list[list[RunData]], path: Path, smooth: int = 5, dpi: int = 100,
                      title: str | None = None) -> Path:
-    """Return vs env steps and vs wall time: each seed group's mean (line) ± std (band), its seeds faint."""
-    panels = FIGURES["returns"]
+    """The families' headline (return, reward, success) vs their step and vs wall time: each seed group's mean
+    (line) ± std (band), its seeds faint."""
+    runs = [run for group in groups for run in group]
+    panels = [p for report in reports_of(runs) for p in report.across_seeds if has_data(runs, p)]
+    panels = list(dict.fromkeys(panels))
     fig, axes = _figure(len(panels), None, title)
     for ax, name in zip(axes, panels):
-        key, x_key, panel_title, x_label = PANELS[name]
+        spec = PANELS[name]
         for group in groups:
             color = group[0].color
-            curves = [series(run, key, x_key, smooth) for run in group]
+            curves = [series(run, spec.keys[0], spec.x, smooth) for run in group]
             for x, y in curves:
                 ax.plot(x, y, color=color, lw=0.7, alpha=0.35)
             stats = mean_spread(curves)
             if stats is None:
                 continue
             grid, mean, std = stats
-            ax.plot(grid, mean, color=color, lw=2, label=_group_label(group))
+            ax.plot(grid, mean, color=color, lw=2, label=group_label(group))
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, lw=0)
-        _style(ax, f"{panel_title}: mean ± std over seeds", x_label, empty=not ax.lines)
+        _style(ax, f"{spec.title}: mean ± std over seeds", spec.x_label, empty=not ax.lines)
     if any(ax.get_legend_handles_labels()[1] for ax in axes[:1]):
         axes[0].legend(fontsize=7, loc="best")
     return _save(fig, path, dpi)
 
 
 def write_report(root: Path, smooth: int = 5, dpi: int = 100) -> dict:
-    """PNGs under <root>/report/ and <root>/report.md. Returns {"runs": n, "figures": [paths], "markdown": path}."""
+    """PNGs under <root>/report/ and <root>/report.md. Returns {"runs": n, "figures": [paths], "panels": {figure
+    name: [panels drawn]}, "markdown": path}."""
     root = Path(root)
     runs = load_runs(root)
     if not runs:
@@ -218,46 +252,19 @@ def write_report(root: Path, smooth: int = 5, dpi: int = 100) -> dict:
     out = root / "report"
     out.mkdir(parents=True, exist_ok=True)
     name = root.name if len(runs) == 1 else f"{root.name} ({len(runs)} runs)"
-    drawn = {fig_name: panels for fig_name, panels in FIGURES.items()
-             if fig_name not in OPTIONAL_FIGURES or any(OPTIONAL_FIGURES[fig_name] in row for r in runs for row in r.metrics)}
+    drawn = chosen_figures(runs)
     figures = [plot_panels(runs, panels, out / f"{fig_name}.png", smooth, dpi, f"{fig_name}: {name}")
                for fig_name, panels in drawn.items()]
     overview = list(dict.fromkeys(p for names in drawn.values() for p in names))  # each panel once
-    figures.append(plot_panels(runs, overview, out / "overview.png", smooth, dpi, name, ncols=4))
+    if overview:
+        figures.append(plot_panels(runs, overview, out / "overview.png", smooth, dpi, name, ncols=4))
+        drawn["overview"] = overview
     groups = seed_groups(runs)
-    if groups:
+    if groups and any(has_data(runs, p) for report in reports_of(runs) for p in report.across_seeds):
         figures.append(plot_seed_groups(groups, out / "returns_across_seeds.png", smooth, dpi, name))
     markdown = root / "report.md"
     markdown.write_text(report_markdown(root, runs, groups, figures))
-    return {"runs": len(runs), "figures": figures, "markdown": markdown}
-
-
-def report_markdown(root: Path, runs: list[RunData], groups: list[list[RunData]], figures: list[Path]) -> str:
-    """A table of each run's final metrics (summary.json, or the last metrics row if unfinished), seed-group
-    means, and links to the figures."""
-    lines = [f"# rlfarm report: `{root}`", "", f"{len(runs)} run{'s' if len(runs) != 1 else ''}.", ""]
-    columns = ["run", "dir", "status", "env steps", "updates", "return (last 10)", "wall s", "env steps/s", "stored"]
-    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for run in runs:
-        f = run.final
-        rate = f["env_steps"] / f["wall_s"] if _finite(f.get("env_steps")) and f.get("wall_s") else None
-        cells = [run.label, f"`{_relative(run.dir, root)}`", run.state, _fmt(f.get("env_steps"), ",.0f"),
-                 _fmt(f.get("updates"), ",.0f"), _fmt(f.get("episode_return_mean"), ".1f"), _fmt(f.get("wall_s"), ".1f"),
-                 _fmt(rate, ",.1f"), _fmt(f.get("transitions_stored"), ",.0f")]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    if groups:
-        lines += ["", "## Across seeds", "", "| config | seeds | return (last 10), mean ± std | wall s, mean |",
-                  "|---|---|---|---|"]
-        for group in groups:
-            returns = [r.final.get("episode_return_mean") for r in group]
-            returns = [v for v in returns if _finite(v)]
-            walls = [r.final["wall_s"] for r in group if _finite(r.final.get("wall_s"))]
-            ret = f"{np.mean(returns):.1f} ± {np.std(returns):.1f}" if returns else "-"
-            seeds = ", ".join(str(r.config.get("seed")) for r in group)
-            lines.append(f"| {_group_label(group)} | {seeds} | {ret} | {_fmt(np.mean(walls) if walls else None, '.1f')} |")
-    lines += ["", "## Figures", ""]
-    lines += [f"![{p.stem}]({_relative(p, root)})" for p in figures]
-    return "\n".join(lines) + "\n"
+    return {"runs": len(runs), "figures": figures, "panels": drawn, "markdown": markdown}
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -288,8 +295,9 @@ def _style(ax, title: str, x_label: str, empty: bool) -> None:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
-def _legend(ax, runs: list[RunData]) -> None:
-    if 1 < len(runs) <= 12:
+def _legend(ax, runs: list[RunData], panel: str) -> None:
+    """The runs' colours, on the first panel (when it draws one metric: a panel of several names its styles)."""
+    if 1 < len(runs) <= 12 and len(PANELS[panel].keys) == 1:
         ax.legend(fontsize=7, loc="best")
 
 
@@ -308,11 +316,6 @@ def _colors(n: int) -> list[tuple]:
 
     cmap = matplotlib.colormaps["tab10" if n <= 10 else "viridis"]
     return [tuple(cmap(i if n <= 10 else i / max(n - 1, 1))) for i in range(n)]
-
-
-def _group_label(group: list[RunData]) -> str:
-    others = [part for part in group[0].label.split(" ") if not part.startswith("seed=")]
-    return f"{' '.join(others) or 'all runs'} ({len(group)} seeds)"
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -339,21 +342,6 @@ def _short(value) -> str:
 
 def _natural_key(path: Path) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _fmt(value, spec: str) -> str:
-    return format(value, spec) if _finite(value) else "-"
-
-
-def _relative(path: Path, root: Path) -> str:
-    try:
-        return str(Path(path).relative_to(root)) or "."
-    except ValueError:
-        return str(path)
 
 
 def _read_json(path: Path) -> dict | None:

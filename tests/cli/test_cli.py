@@ -74,8 +74,9 @@ def test_clip_reward_on_rendered_halfcheetah_through_the_pipeline(tmp_path):
     assert summary["transitions_produced"] == summary["transitions_labeled"] == summary["transitions_stored"] == 256
     log = (run_dir / "train.log").read_text()
     assert "ClipReward" in log
-    # 1 runner x 1 env x 32 steps x 2 credits in flight against a 256-frame bus: the farm would starve, and says so
-    assert "the reward model will wait for frames; set algo.credits=32" in log
+    # 1 runner x 1 env x 32 steps x 2 credits in flight against a 256-frame bus, but the labeler is on CPU: its
+    # buses fire on their timeout, nothing starves, and the run does not warn against its own defaults
+    assert "the reward model will wait for frames" not in log
 
 
 def test_submitit_local_launcher_runs_the_job(tmp_path):

@@ -64,6 +64,17 @@ def test_bad_run_dir_is_one_line_and_writes_nothing(tmp_path, case, needle):
     assert not list(tmp_path.rglob("eval")) and sorted(p.name for p in tmp_path.iterdir()) == ["empty", "sweep"]
 
 
+def test_an_llm_run_is_refused_in_one_line_saying_where_its_scores_are(tmp_path):
+    run_dir = tmp_path / "grpo"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("algo:\n  name: grpo\n  family: llm\n")
+    (run_dir / "checkpoints" / "final.pt").write_bytes(b"")
+    line = one_line_error(rlfarm("eval", f"run_dir={run_dir}", cwd=tmp_path))
+    assert f"{run_dir} is a grpo run (llm family), which it does not play" in line
+    assert "reward_mean" in line and f"rlfarm report path=<run dir>" in line
+    assert not (run_dir / "eval").exists()
+
+
 @pytest.mark.parametrize("args, needle", [
     ([], "run_dir is required"),
     (["run_dir=.", "episodes=0"], "episodes must be an integer >= 1"),

@@ -5,7 +5,7 @@ from PIL import Image
 
 from rlfarm.telemetry.plots import PANEL_INCHES
 
-from helpers import one_line_error, rlfarm
+from helpers import one_line_error, read_summary, rlfarm
 
 
 def expected_size(ncols, nrows, dpi=100):
@@ -18,8 +18,9 @@ def test_report_of_a_sweep_overlays_runs_and_averages_seeds(tiny_sweep, tmp_path
     assert out.returncode == 0, out.stderr[-2000:]
     report = tiny_sweep / "report"
     # rewards: the true return beside the labeled and env reward per step (the runs log both; here they are equal)
-    sizes = {"returns": (2, 1), "throughput": (3, 1), "labeling": (2, 1), "rewards": (3, 1), "overview": (4, 3),
-             "returns_across_seeds": (2, 1)}
+    # losses: SAC's critic, actor, temperature and entropy (IMPALA's policy and value losses are not drawn: no data)
+    sizes = {"returns": (2, 1), "throughput": (3, 1), "labeling": (2, 1), "losses": (4, 1), "rewards": (3, 1),
+             "overview": (4, 4), "returns_across_seeds": (2, 1)}
     for name, (ncols, nrows) in sizes.items():
         with Image.open(report / f"{name}.png") as image:
             assert image.size == expected_size(ncols, nrows), name
@@ -30,7 +31,11 @@ def test_report_of_a_sweep_overlays_runs_and_averages_seeds(tiny_sweep, tmp_path
     assert len(rows) == 2 and "| done |" in rows[0]
     assert "## Across seeds" in markdown and "| 1, 2 |" in markdown
     assert "![returns_across_seeds](report/returns_across_seeds.png)" in markdown
+    assert {p.name for p in report.glob("*.png")} == {f"{name}.png" for name in sizes}  # no lag.png: SAC has none
     assert list(tmp_path.iterdir()) == []  # nothing stray where the command ran
+    # the sweep's jobs ran one after the other in one process: the second counts its start-up from its own start
+    first, second = (read_summary(tiny_sweep / job) for job in ("0", "1"))
+    assert second["startup_s"] < first["startup_s"] + first["wall_s"], (first["startup_s"], second["startup_s"])
 
 
 @pytest.mark.slow

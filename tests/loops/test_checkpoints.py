@@ -121,3 +121,29 @@ def test_preempted_before_any_checkpoint_says_a_resume_starts_over(tmp_path):
     with pytest.raises(Preempted, match="starts over"):
         with loop.until_preempted():
             raise RuntimeError("everything died")
+
+
+def test_the_first_ctrl_c_checkpoints_and_a_second_stops_at_once(tmp_path):
+    import os
+    import signal
+
+    loop = Loop(tmp_path)
+    before = signal.getsignal(signal.SIGINT)
+    with loop.stopping_on_signals():
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: a flag, as SIGTERM sets; the loop goes on to its checkpoint
+        with pytest.raises(Preempted, match=f"interrupted: checkpoint .*preempted.pt written; continue with: "
+                                            f"rlfarm train resume={tmp_path}$") as caught:
+            loop._after_update(1)
+        assert caught.value.interrupted
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # the second: now
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGINT) is before  # the next run of a sweep starts with the handlers it had
+
+
+def test_sigterm_advice_is_the_command_that_resumes(tmp_path):
+    loop = Loop(tmp_path)
+    loop.request_preemption()
+    with pytest.raises(Preempted, match=f"^preempted: .* continue with: rlfarm train resume={tmp_path}$") as caught:
+        loop._after_update(1)
+    assert not caught.value.interrupted

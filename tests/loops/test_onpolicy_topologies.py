@@ -4,7 +4,7 @@ machine the GPUs are declared to Ray, so the real placement groups are built and
 data parallelism: two learner ranks (split_2_1, gloo here; DDP or FSDP) give the one learner's first loss."""
 import pytest
 
-from helpers import metrics_rows, read_summary, train
+from helpers import metrics_rows, read_summary, report_of_one_run, train
 
 SHORT = ["experiment=grpo_digits", "algo.max_updates=2", "algo.prompts_per_step=4", "seed=3"]
 
@@ -20,6 +20,8 @@ def first_rows(tmp_path, topology, gpus, *overrides):
     out = train(run_dir, *SHORT, f"topology={topology}", f"ray.num_gpus={gpus}", "ray.num_cpus=8", *overrides)
     assert out.returncode == 0, out.stderr[-3000:]
     RUNS[key] = metrics_rows(run_dir)
+    if topology == "colocated":  # what `rlfarm report` draws of a GRPO run
+        report_of_one_run(run_dir, {"reward", "response_len", "kl", "update_entropy", "staleness", "stage_times"})
     if topology == "split_2_1":
         assert read_summary(run_dir)["learner_ranks"] == 2
         assert (run_dir / "checkpoints" / "final.pt").exists()  # rank 0 wrote it (under FSDP: gathered)

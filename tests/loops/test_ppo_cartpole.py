@@ -17,7 +17,7 @@ from rlfarm.families import PPO, family_of
 from rlfarm.loops.ppo import PPOLoop
 from rlfarm.run import Run
 from rlfarm.topology import PlacedTopology, plan_topology
-from helpers import ENV, rlfarm
+from helpers import ENV, report_of_one_run, rlfarm
 
 
 def read_rows(run_dir):
@@ -57,6 +57,7 @@ def test_ppo_runs_on_pendulum_end_to_end_and_its_checkpoint_plays(tmp_path):
     assert all(row["staleness"] == 0 and row["policy_version"] == row["updates"] for row in rows)
     assert all(row["value_loss"] > 0 and row["entropy"] > 0 for row in rows)
     assert list((run_dir / "tb").glob("events.*"))
+    report_of_one_run(run_dir, {"return_vs_steps", "policy_loss", "value_loss", "entropy", "approx_kl", "ppo_staleness"})
     state = torch.load(run_dir / "checkpoints" / "final.pt", weights_only=True)
     assert state["updates"] == 10 and "log_std" in state["agent"]["actor"]
     # what `rlfarm eval` does with it (the CLI itself is run on the CartPole run, in the slow test)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers import rlfarm
+from helpers import report_of_one_run, rlfarm
 
 pytest.importorskip("sapien", reason="SAPIEN is an optional extra: pip install -e .[sim]")
 
@@ -35,6 +35,7 @@ def test_an_hf_vla_checkpoint_with_lora_trains_through_the_roles_on_the_one_gpu_
     assert all(row["staleness"] == 0 for row in rows) and rows[-1]["env_steps"] > 0
     saved = torch.load(run_dir / "checkpoints" / "final.pt", map_location="cpu", weights_only=False)
     assert any("lora_" in name for name in saved["model"])
+    report_of_one_run(run_dir, {"success", "chunks", "episode_steps", "rollout_times"})
 
 
 @pytest.mark.slow

@@ -234,3 +234,17 @@ def test_every_familys_table_fits_a_160_column_terminal(family):
     header = [line for line in lines if "┃" in line]
     assert len(header) == 1 and all(f" {title} ┃" in header[0] for _, title, _ in columns), "\n".join(lines)
     assert all(len(line) <= COLS for line in lines) and RATES_NOTE in lines[-1]
+
+
+@pytest.mark.parametrize("family", FAMILIES.values(), ids=FAMILIES)
+def test_at_80_columns_the_table_keeps_its_progress_and_return_whole(family):
+    """A narrow terminal drops the columns that do not fit, never the family's kept ones (env steps and return)."""
+    view = LiveView("rlfarm · title", mode=False, columns=family.columns)
+    shown = view.shown({key: 12345.678 for key, _, _ in family.columns.shown} | {"wall_s": 1.0})
+    console = Console(width=80, record=True, force_terminal=True)
+    console.print(view.table(shown, width=80))
+    lines = console.export_text().splitlines()
+    header = next(line for line in lines if "┃" in line)
+    kept = [title for key, title, _ in family.columns.shown if key in family.columns.kept]
+    assert kept and all(f" {title} ┃" in header for title in kept), "\n".join(lines)
+    assert all(len(line) <= 80 for line in lines) and "…" not in "\n".join(lines)

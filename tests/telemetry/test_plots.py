@@ -108,3 +108,25 @@ def test_a_panel_without_data_still_renders(tmp_path):
     run = fake_run(tmp_path / "run", seed=1, steps=1)
     path = plot_panels(load_runs(run), ["return_vs_steps"], tmp_path / "empty.png", dpi=30)
     assert mpimg.imread(path).shape[:2] == (round((PANEL_INCHES[1] + 0.4) * 30), round(PANEL_INCHES[0] * 30))
+
+
+def test_a_family_draws_its_own_panels_and_none_without_data(tmp_path):
+    """A GRPO run: its reward, response length, KL and stage times, by update; no return or buffer panel (it logs
+    neither), no "no data"; report.md's columns are the family's."""
+    run = tmp_path / "grpo"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"algo": {"name": "grpo", "family": "llm"}, "seed": 1}))
+    rows = [{"updates": i, "wall_s": 0.5 * i, "samples": 64 * i, "reward": 0.1 * i, "reward_mean": 0.05 * i,
+             "response_len": 5.0, "approx_kl": 0.01, "entropy": 2.0, "staleness": 0, "generate_s": 0.2,
+             "update_s": 0.1} for i in range(1, 6)]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (run / "summary.json").write_text(json.dumps({"updates": 5, "reward_mean": 0.25, "samples": 320, "wall_s": 2.5,
+                                                  "policy_staleness_max": 0}))
+    result = write_report(run, dpi=20)
+    assert result["panels"]["rewards"] == ["reward", "response_len"]
+    assert result["panels"]["policy"] == ["kl", "update_entropy"]
+    assert result["panels"]["pipeline"] == ["stage_times", "staleness"]
+    assert "returns" not in result["panels"] and "throughput" not in result["panels"]
+    header = next(line for line in result["markdown"].read_text().splitlines() if line.startswith("| run"))
+    assert header == ("| run | dir | status | updates | samples | reward (last 10) | response length | staleness max "
+                      "| wall s |")
