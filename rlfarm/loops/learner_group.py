@@ -150,7 +150,8 @@ def start_ranks(learner_class: type, rank_options: list[dict], args: tuple, remo
     world_size = len(rank_options)
     ranks_of = (lambda rank: {}) if world_size == 1 else (lambda rank: {"rank": rank, "world_size": world_size})
     actor_class = ray.remote(**remote)(learner_class) if remote else ray.remote(learner_class)
-    ranks = [actor_class.options(**options).remote(*args, **ranks_of(rank)) for rank, options in enumerate(rank_options)]
+    ranks = [actor_class.options(**options).remote(*args, **ranks_of(rank))
+             for rank, options in enumerate(rank_options)]
     return LearnerGroup(ranks, [-1] * world_size, timeout_s, interrupted, learner_class)
 
 
