@@ -53,9 +53,11 @@ class OffPolicyLoop(PeriodicCheckpoints):
         self.deadline_s = float(cfg.run.role_timeout_s)
         self.checkpoint_late_s = self.deadline_s
         self.roles = start_roles(cfg, placed, str(run.dir / "quarantine"))
-        self.supervisor = Supervisor(self.roles.learner, self.roles.runners, self.roles.labelers,
+        learners = self.roles.learners  # rank 0 leads; every rank is watched, its counts merged into the learner's
+        self.supervisor = Supervisor(learners.lead, self.roles.runners, self.roles.labelers,
                                      int(cfg.run.max_restarts), run.dir / "roles.json",
-                                     max_incarnations=MAX_INCARNATIONS, calls=calls)
+                                     max_incarnations=MAX_INCARNATIONS, calls=calls, learner_ranks=learners.others,
+                                     merge_stats=learners.merge_stats)
         self.ledger = Ledger(self.supervisor)
         self.rewiring = Rewiring(self.roles, self.supervisor, self.ledger, self._ask_all)
         self.learner_watch = LearnerWatch(self.supervisor, self.deadline_s)
@@ -73,11 +75,12 @@ class OffPolicyLoop(PeriodicCheckpoints):
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def _resume(self, path: str) -> None:
-        """Continue from a checkpoint: the learner restores itself; counters continue from what it had stored."""
-        learner = self.roles.learner
-        self.progress.load_state_dict(self._ask(learner.load.remote(path), f"load {path}", CHECKPOINT_IO_S))
+        """Continue from a checkpoint: every learner rank restores itself; counters continue from what they had
+        stored."""
+        learners = self.roles.learners
+        self.progress.load_state_dict(self._ask_all(learners.load_calls(path), f"load {path}", CHECKPOINT_IO_S)[0])
         self.progress.add(epoch=1)
-        stats = self._ask(learner.stats.remote(), "stats")
+        stats = learners.merged(self._ask_all(learners.stats_calls(), "stats"))
         settled = self.metrics.resumed(stats)
         self.schedule_checkpoints_from(stats["updates"])
         self.run.truncate_metrics(after_step=settled)
@@ -108,8 +111,9 @@ class OffPolicyLoop(PeriodicCheckpoints):
     def _save(self, name: str, with_buffer: bool | None = None) -> ray.ObjectRef:
         if with_buffer is None:
             with_buffer = bool(self.cfg.run.checkpoint_buffer)
-        return self.roles.learner.save.remote(str(self.run.checkpoint_dir / name), self.progress.state_dict(),
-                                              with_buffer=with_buffer)
+        ((_, ref),) = self.roles.learners.save_calls(str(self.run.checkpoint_dir / name), self.progress.state_dict(),
+                                                     with_buffer=with_buffer)  # rank 0 writes the others' parts
+        return ref
 
     def _save_deadline_s(self, name: str) -> float:
         if name == "preempted.pt":
@@ -131,8 +135,9 @@ class OffPolicyLoop(PeriodicCheckpoints):
                 self._after_update(row["updates"], with_buffer=True)
             self._flush()                                                                 # 2. label + store the tail
             self._recovering = False
-            for actor in [*self.roles.labelers, self.roles.learner]:
+            for actor in self.roles.labelers:
                 actor.stop.remote()  # a flag each role reads; what they do next is awaited in _wait
+            self.roles.learners.stop()
             self._wait()                                                                  # 3. owed updates
             self._land_last_checkpoint(self._save_deadline_s("step"))
             row = self._record()
@@ -145,7 +150,8 @@ class OffPolicyLoop(PeriodicCheckpoints):
         """Every role's run(): the runners share `env_steps` out evenly; then every role's pid, for roles.json."""
         sup, ledger = self.supervisor, self.ledger
         ledger.start_epoch(self.progress["epoch"], even_shares(env_steps, len(self.roles.runners)))
-        sup.learner.done = self.roles.learner.run.remote()
+        for rank, done in zip(sup.learners, self.roles.learners.run()):
+            rank.done = done
         for worker in sup.of("labeler"):
             worker.done = worker.actor.run.remote()
         for worker in sup.of("env_runner"):
@@ -234,7 +240,8 @@ class OffPolicyLoop(PeriodicCheckpoints):
         learner keeps updating (at most a deadline without progress; out of time, the wind-down); whoever is not
         done then is named and left behind."""
         sup = self.supervisor
-        waiting = {sup.learner.done: "the learner", **{w.done: w.name for w in sup.of("labeler")}}
+        waiting = {**{rank.done: _learner_name(rank) for rank in sup.learners},
+                   **{w.done: w.name for w in sup.of("labeler")}}
         updates, progress_at = None, time.monotonic()
         while True:
             self._check_signal()
@@ -264,15 +271,15 @@ class OffPolicyLoop(PeriodicCheckpoints):
                 self._recover(worker, noticed)
             else:
                 self._leave_behind(worker, "died")
-        learner_done = self.supervisor.learner.done
-        refs = [learner_done] + [w.done for w in self.supervisor.workers]
+        learners = {rank.done: _learner_name(rank) for rank in self.supervisor.learners}
+        refs = [*learners, *(w.done for w in self.supervisor.workers)]
         ready, _ = self.calls.wait(refs, num_returns=len(refs), timeout=0)
         for ref in ready:
             try:
                 self.calls.get(ref)
             except ray.exceptions.RayActorError:
-                if ref is learner_done:
-                    raise RoleFailed("the learner died; resume from its last checkpoint: "
+                if ref in learners:
+                    raise RoleFailed(f"{learners[ref]} died; resume from its last checkpoint: "
                                      f"rlfarm train resume={self.run.dir}") from None
                 # a worker that died after the look above: recovered on the next tick
             except ray.exceptions.RayError as error:
@@ -284,8 +291,8 @@ class OffPolicyLoop(PeriodicCheckpoints):
         restarts are used up; the learner cannot be restarted, so it ends the run."""
         warmup_s = max(float(self.cfg.run.restart_timeout_s), self.deadline_s)
         for role, problem in self.supervisor.unresponsive(self.deadline_s, warmup_s):
-            if role.kind == "learner":
-                raise RoleFailed(f"the learner {problem}; resume from its last checkpoint: "
+            if role in self.supervisor.learners:
+                raise RoleFailed(f"{_learner_name(role)} {problem}; resume from its last checkpoint: "
                                  f"rlfarm train resume={self.run.dir}")
             if self._recovering:
                 self.supervisor.kill(role, problem)
@@ -372,6 +379,11 @@ class OffPolicyLoop(PeriodicCheckpoints):
         row = self.metrics.row(self.supervisor.running(self._poll(POLL_WAIT_S)))
         self.run.log(row)
         return row
+
+
+def _learner_name(rank: Worker) -> str:
+    """"the learner" (rank 0), "learner rank 1", ...: how a line names a learner rank."""
+    return "the learner" if rank.kind == "learner" else rank.name
 
 
 def _one_line(error: Exception) -> str:

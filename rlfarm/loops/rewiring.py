@@ -30,13 +30,13 @@ class Rewiring:
         return {"chunks_resent": sum(resent)}
 
     def _runner(self, worker: Worker, incarnation: int) -> dict:
-        ledger, learner = self.ledger, self.roles.learner
+        ledger, learners = self.ledger, self.roles.learners
         ledger.runner_lost(worker)
-        stats = self.ask([("the learner", learner.stats.remote())], "stats")[0]
+        stats = learners.merged(self.ask(learners.stats_calls(), "stats"))  # every rank's chunks of the runner
         remaining = ledger.successor_budget(worker.index, stats)
         learning = stats["updates"] > 0  # past learning_starts: the successor acts with the policy at once
         self.ask([(worker.name, worker.actor.set_labelers.remote(self.roles.labelers))], "set_labelers")
-        learner.push_weights.remote()
+        learners.lead.push_weights.remote()
         worker.done = worker.actor.run.remote(remaining, ledger.first_seq(incarnation),
                                               ledger.runner_key(worker, incarnation), 0 if learning else None)
         return {"env_steps_left": remaining}

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import ray
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rlfarm.loops.deadlines import RoleUnresponsive
 from rlfarm.envs.spaces import env_policy_dims
+from rlfarm.loops.deadlines import RoleUnresponsive
+from rlfarm.loops.learner_group import LearnerGroup, start_ranks
 from rlfarm.roles.env_runner import EnvRunner
 from rlfarm.roles.actor_learner import ActorLearner
 from rlfarm.roles.labeler import Labeler
@@ -27,15 +28,19 @@ LEARNERS = {"sac": SACLearner, "impala": ActorLearner, "appo": ActorLearner}
 
 @dataclass
 class OffPolicyRoles:
-    learner: ray.actor.ActorHandle  # rank 0 when the learner has data-parallel ranks: it speaks for them
+    learner: ray.actor.ActorHandle  # rank 0 of `learners`: it publishes and writes the checkpoint
     runners: list[ray.actor.ActorHandle]
     labelers: list[ray.actor.ActorHandle]
-    learner_peers: list[ray.actor.ActorHandle] = field(default_factory=list)  # ranks 1..N-1
+    learners: LearnerGroup | None = None  # the learner's data-parallel ranks (default: `learner` alone)
+
+    def __post_init__(self):
+        if self.learners is None:
+            self.learners = LearnerGroup([self.learner])
 
     @property
     def learner_ranks(self) -> list[ray.actor.ActorHandle]:
         """Where the labelers deliver (runner i's chunks to rank i mod N)."""
-        return [self.learner, *self.learner_peers]
+        return self.learners.ranks
 
     @property
     def all(self) -> list[ray.actor.ActorHandle]:
@@ -81,8 +86,8 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
     kwargs = as_dict(cfg.env.kwargs) if cfg.env.get("kwargs") else {}
     spaces = env_policy_dims(str(cfg.env.id), kwargs)  # before any actor: a bad env fails here, in one line
     learner_class = LEARNERS[str(algo.name)]
-    ranks = start_learner_ranks(learner_class, placed, (as_dict(algo), as_dict(cfg.model), spaces, int(cfg.seed)))
-    learner = ranks[0]
+    learners = start_learner_ranks(learner_class, placed, (as_dict(algo), as_dict(cfg.model), spaces, int(cfg.seed)))
+    ranks = learners.ranks
     runner_places = plan.of("env_runner")
     random_steps = -(-int(algo.get("learning_starts", 0)) // len(runner_places))
     behaviour = learner_class is ActorLearner  # V-trace needs log μ(a|s) of every action
@@ -100,28 +105,17 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
              **{f"env_runner {i}": r.set_labelers.remote(labelers) for i, r in enumerate(runners)},
              **{f"labeler {i}": l.set_learner.remote(ranks) for i, l in enumerate(labelers)}}
     wait_until_started(wired, float(cfg.run.restart_timeout_s))
-    if len(ranks) > 1:
-        join_learner_ranks(ranks, float(cfg.run.restart_timeout_s))
-    return OffPolicyRoles(learner, runners, labelers, ranks[1:])
+    learners.join(float(cfg.run.restart_timeout_s))
+    return OffPolicyRoles(learners.lead, runners, labelers, learners)
 
 
-def start_learner_ranks(learner_class: type, placed: PlacedTopology, args: tuple) -> list[ray.actor.ActorHandle]:
+def start_learner_ranks(learner_class: type, placed: PlacedTopology, args: tuple) -> LearnerGroup:
     """The learner (started first: it takes longest to build); with `topology.roles.learner.count` N > 1 (an
-    actor-learner, checked at preflight), N data-parallel ranks, one GPU each (rlfarm/roles/actor_learner.py)."""
+    actor-learner, checked at preflight), N data-parallel ranks, one GPU each (rlfarm/roles/actor_learner.py),
+    joined once every role has started (`LearnerGroup.join`)."""
     places = placed.plan.of("learner")
-    ranks_args = {} if len(places) == 1 else lambda p: {"rank": p.index, "world_size": len(places)}
-    return [ray.remote(learner_class).options(**placed.options(p), max_concurrency=CONCURRENCY).remote(
-                *args, p.threads, **(ranks_args(p) if ranks_args else {}))
-            for p in places]
-
-
-def join_learner_ranks(ranks: list[ray.actor.ActorHandle], timeout_s: float) -> None:
-    """One process group for the ranks (rank 0 serves the rendezvous), then rank 0 learns of the others."""
-    address = ray.get(ranks[0].open_data_parallel.remote(), timeout=timeout_s)
-    gpu_ids = ray.get([rank.join_data_parallel.remote(address) for rank in ranks], timeout=timeout_s)
-    if any(gpu >= 0 for gpu in gpu_ids) and len(set(gpu_ids)) < len(ranks):  # NCCL needs one GPU per rank
-        raise RuntimeError(f"data-parallel learner ranks share a GPU (Ray gave them GPUs {gpu_ids})")
-    ray.get(ranks[0].set_peers.remote(ranks[1:]), timeout=timeout_s)
+    return start_ranks(learner_class, [placed.options(p) | {"max_concurrency": CONCURRENCY} for p in places],
+                       (*args, places[0].threads))
 
 
 def wait_until_started(calls: dict[str, ray.ObjectRef], timeout_s: float) -> None:

@@ -47,11 +47,17 @@ class Worker:
 
 class Supervisor:
     def __init__(self, learner, runners: list, labelers: list, max_restarts: int, roles_file: Path | None = None,
-                 engines: list = (), max_incarnations: int | None = None, calls: RayCalls = RAY):
+                 engines: list = (), max_incarnations: int | None = None, calls: RayCalls = RAY,
+                 learner_ranks: list = (), merge_stats: Callable[[dict, list[dict]], dict] | None = None):
         """`max_incarnations`: a worker is not restarted into more (an off-policy runner's chunk ids have room for
-        that many, rlfarm/loops/ledger.py); None: only `max_restarts` bounds it."""
+        that many, rlfarm/loops/ledger.py); None: only `max_restarts` bounds it. `learner_ranks`: the learner's
+        other data-parallel ranks (1..N-1), watched like it; `learner.stats` is then rank 0's with theirs merged in
+        by `merge_stats` (rlfarm/loops/learner_group.py)."""
         # the learner is watched (stats, deadline) but never restarted: it is not among `workers`
         self.learner = Worker("learner", 0, learner)
+        self.learner_ranks = [Worker("learner rank", i, rank) for i, rank in enumerate(learner_ranks, 1)]
+        self.merge_stats = merge_stats
+        self._lead_stats: dict = {}  # rank 0's own newest stats, before the other ranks' are merged in
         self.workers = [Worker("env_runner", i, a) for i, a in enumerate(runners)] + \
                        [Worker("labeler", i, a) for i, a in enumerate(labelers)] + \
                        [Worker("engine", i, a) for i, a in enumerate(engines)]
@@ -69,12 +75,18 @@ class Supervisor:
         ready = self._ended()
         return [w for w in self.workers if w.done in ready and self.calls.died(w.done) is not None]
 
+    @property
+    def learners(self) -> list[Worker]:
+        """The learner's ranks, rank 0 first: watched, never restarted."""
+        return [self.learner, *self.learner_ranks]
+
     def poll(self, wait_s: float) -> list[Worker]:
-        """Refresh the stats of every role (learner first); returns the roles whose stats are fresh. Each role has
+        """Refresh the stats of every role (learner first); returns the roles whose stats are fresh (the learner's
+        other ranks are not among them: rank 0 reports for the learner, their counts merged in). Each role has
         at most one stats request in flight: one that has not answered yet is waited for again next time (its age
         is what `unresponsive` judges). A worker that is dead or restarting keeps its last stats; stats from a new
         incarnation the loop has not recovered yet are ignored (the pid tells)."""
-        roles, now = [self.learner, *self.workers], time.monotonic()
+        roles, now = [*self.learners, *self.workers], time.monotonic()
         for role in roles:
             if role.asked is None:
                 role.asked = (role.actor.stats.remote(), now)
@@ -91,7 +103,16 @@ class Supervisor:
             if role.pid is None or stats["pid"] == role.pid:
                 role.pid, role.stats = stats["pid"], stats
                 fresh.append(role)
-        return fresh
+        if self.learner_ranks:
+            self._merge_learner(fresh)
+        return [role for role in fresh if role not in self.learner_ranks]
+
+    def _merge_learner(self, fresh: list[Worker]) -> None:
+        """The learner's stats: rank 0's own newest with the other ranks' newest merged in."""
+        if self.learner in fresh:
+            self._lead_stats = self.learner.stats
+        if self._lead_stats and any(role in fresh for role in self.learners):
+            self.learner.stats = self.merge_stats(self._lead_stats, [rank.stats for rank in self.learner_ranks])
 
     def unresponsive(self, deadline_s: float, warmup_s: float) -> list[tuple[Worker, str]]:
         """(role, what is wrong) for each live role whose stats request is older than `deadline_s`, and each
@@ -99,7 +120,7 @@ class Supervisor:
         may be compiling). Dead workers and those already handed to Ray for a restart are the recovery's business,
         not this."""
         ended, now = self._ended(), time.monotonic()
-        roles = [role for role in [self.learner, *self.workers] if not role.killed and role.done not in ended]
+        roles = [role for role in [*self.learners, *self.workers] if not role.killed and role.done not in ended]
         # an old request may have been answered since the last poll (the loop was busy elsewhere): not late
         old = [role.asked[0] for role in roles if role.asked is not None and now - role.asked[1] > deadline_s]
         _, late = self.calls.wait(old, num_returns=len(old), timeout=0) if old else ([], [])
@@ -164,7 +185,7 @@ class Supervisor:
 
     def _ended(self) -> set:
         """The `run()` refs that are ready: the worker returned, failed, or died."""
-        refs = [w.done for w in [self.learner, *self.workers] if w.done is not None]
+        refs = [w.done for w in [*self.learners, *self.workers] if w.done is not None]
         ready, _ = self.calls.wait(refs, num_returns=len(refs), timeout=0)
         return set(ready)
 
@@ -185,8 +206,8 @@ class Supervisor:
         """`roles.json` in the run dir: which process runs which worker now (for `kill`, py-spy, tests)."""
         if self.roles_file is None:
             return
-        table = [{"role": w.kind, "index": w.index, "pid": w.pid, "incarnation": w.incarnation,
-                  "restarts": w.restarts} for w in [self.learner, *self.workers]]
+        table = [{"role": w.kind.removesuffix(" rank"), "index": w.index, "pid": w.pid, "incarnation": w.incarnation,
+                  "restarts": w.restarts} for w in [*self.learners, *self.workers]]
         tmp = self.roles_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(table, indent=1))
         tmp.replace(self.roles_file)

@@ -56,7 +56,11 @@ class VLALoop(SyncLoop):
                             self.vla, share, p.index, p.threads)
                         for p, share in zip(runners, self.shares)]
         (learner,) = plan.of("learner")
-        shapes = ray.get(self.workers[0].shapes.remote())  # sizes the learner's policy without an env of its own
+        # Start-up waits include the roles' constructors (envs made, a policy built or loaded: no stats answered
+        # meanwhile), so they have run.restart_timeout_s; every later wait has run.role_timeout_s.
+        start_s = float(cfg.run.restart_timeout_s)
+        shapes_call = self.workers[0].shapes.remote()  # sizes the learner's policy without an env of its own
+        (shapes,) = self._ask([("env_runner 0", shapes_call)], "shapes", start_s)
         self.learner = remote_learner_class().options(**placed.options(learner)).remote(self.vla, shapes,
                                                                                         learner.threads)
         # An engine role: batching inference servers the workers share (worker i → server i mod S). A server holds
@@ -67,14 +71,15 @@ class VLALoop(SyncLoop):
                             self.vla, shapes, int(cfg.algo.server_max_batch), float(cfg.algo.server_max_wait_ms),
                             p.threads, dtype=str(cfg.algo.server_dtype), graphs=bool(cfg.algo.server_graphs))
                         for p in plan.of("engine")]
-        ray.get([self._wire(i) for i in range(len(self.workers))])
+        self._ask([(f"env_runner {i}", self._wire(i)) for i in range(len(self.workers))], "set_server", start_s)
         self.supervisor = Supervisor(self.learner, self.workers, [], int(cfg.run.max_restarts), run.dir / "roles.json",
                                      engines=self.servers)
         self.title = f"rlfarm · {cfg.algo.name} · {cfg.env.id} · {cfg.topology.name}"
         self.target = cfg.algo.target_success
         self.weights = None  # the ref of the newest published weights
-        # The skeleton's waits (start-up, save, load) watch the learner; the workers and servers have the Supervisor.
-        self.watched = {self.supervisor.learner.name: Watched(self.learner)}
+        # The skeleton's waits (start-up, the first weights, save, load) watch every role's liveness; the Supervisor
+        # restarts workers and servers.
+        self.watched = {"learner": Watched(self.learner), **{w.name: Watched(w.actor) for w in self.supervisor.workers}}
         self._begin(Progress(window=SUCCESS_WINDOW, timings=TIME_KEYS, updates=0, env_steps=0, episodes=0,
                              first_success=None), resume_from)
 
@@ -85,13 +90,19 @@ class VLALoop(SyncLoop):
         return self.workers[index].set_server.remote(server)
 
     def _warm_up(self) -> None:
+        """The first publication, and every worker's local policy (loading it may take long: the waits watch the
+        roles' liveness, not the work); every role's pid."""
         self.weights = self.learner.publish.remote()
-        ray.get([self.weights, *(w.receive_weights.remote(None) for w in self.workers)])
-        self.supervisor.poll(float(self.cfg.run.role_timeout_s))  # every role's pid, for roles.json
+        workers = self.supervisor.of("env_runner")
+        self._ask([("learner", self.weights), *((w.name, w.actor.receive_weights.remote(None)) for w in workers)],
+                  "the first weights")
+        timeout_s = float(self.cfg.run.role_timeout_s)
+        self.supervisor.poll(timeout_s)  # every role's pid, for roles.json
         self.supervisor.write_roles_file()
         self._server_stats = [{"busy_s": 0.0, "wall_s": 0.0, "batches": 0, "observations": 0} for _ in self.servers]
-        started = ray.get([server.stats.remote() for server in self.servers])
-        for server, stats in zip(self.supervisor.of("engine"), started):  # in case poll() had no answer from it yet
+        servers = self.supervisor.of("engine")
+        started = self._ask([(server.name, server.actor.stats.remote()) for server in servers], "stats", timeout_s)
+        for server, stats in zip(servers, started):  # in case poll() had no answer from it yet
             server.pid = server.pid or stats["pid"]
         self._server_decoding = {"dtype": started[0]["dtype"], "graphs": started[0]["graphs"]} if started else None
 

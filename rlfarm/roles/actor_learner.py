@@ -13,9 +13,10 @@ Data-parallel ranks (`topology.roles.learner.count` = N > 1, one GPU each): N of
 the runners whose index is r mod N (labelers route each chunk there), each with its own queue, acks and weights out.
 They train in lockstep: before each burst they agree (a gloo all-reduce) on the updates every one of them has full
 batches for, and each update's gradients are averaged over the ranks (one flat all-reduce, NCCL on GPUs), so the
-weights stay identical and one update trains on N batches. Rank 0 is the learner the loop sees: it starts and stops
-the others, reports their counts with its own, and checkpoints their counters beside the shared weights. Stopping, a
-rank's leftover chunks (fewer than a batch, or batches another rank cannot match) are acked untrained."""
+weights stay identical and one update trains on N batches. The driver holds the ranks as one group
+(rlfarm/loops/learner_group.py): it starts, stops and watches each, adds their counts to rank 0's
+(`merge_rank_stats`), and has rank 0 write their counters (`save_part`) into its checkpoint beside the shared weights.
+Stopping, a rank's leftover chunks (fewer than a batch, or batches another rank cannot match) are acked untrained."""
 from __future__ import annotations
 
 from collections import deque
@@ -32,8 +33,7 @@ from rlfarm.roles.base import role
 from rlfarm.roles.chunk_learner import ChunkLearner
 from rlfarm.roles.common import assigned_device, limit_threads, seed_everything, serve_rendezvous_here
 
-PEER_TIMEOUT_S = 60.0  # rank 0 asking another rank for its stats or checkpoint part (each answers between bursts)
-# Counts the ranks report apart and rank 0 reports summed (the rest of a metrics row is rank 0's own).
+# Counts the ranks report apart and the run reports summed (the rest of a metrics row is rank 0's own).
 SUMMED = ("stored", "duplicates", "duplicate_transitions", "quarantined", "buffer_size", "owed", "chunks_dropped_lag",
           "transitions_dropped_lag")
 
@@ -56,7 +56,6 @@ class ActorLearner(ChunkLearner):
         self._lags: list[int] = []  # of the chunks batches took since the last stats()
         self.staging = BatchStaging(self.agent.device)
         self.rank, self.world_size = int(rank), int(world_size)
-        self.peers: list = []  # rank 0: the other ranks' handles
         self._control: dist.ProcessGroup | None = None  # world_size > 1: the gloo group the ranks agree through
         self._rendezvous = None
 
@@ -77,22 +76,10 @@ class ActorLearner(ChunkLearner):
         gpu_ids = ray.get_gpu_ids() if ray.is_initialized() else []
         return int(gpu_ids[0]) if gpu_ids else -1
 
-    def set_peers(self, peers: list) -> None:
-        """Rank 0: the other ranks, which it starts, stops, reports and checkpoints with itself."""
-        self.peers = list(peers)
-
     def run(self) -> dict:
-        peer_runs = [peer.run.remote() for peer in self.peers]
         result = super().run()
         self._release_leftovers()
-        if peer_runs:
-            ray.get(peer_runs, timeout=PEER_TIMEOUT_S)  # they leave the loop in the same iteration as this rank
         return result
-
-    def stop(self) -> None:
-        super().stop()
-        for peer in self.peers:
-            peer.stop.remote()
 
     def _plan(self, owed: int) -> tuple[int, bool]:
         """One rank: the shared rule. N ranks: the burst every rank has batches for, and done once all are stopping
@@ -167,56 +154,44 @@ class ActorLearner(ChunkLearner):
         self.queue.clear()
         self.queued = 0
 
-    # -- rank 0 speaks for all ----------------------------------------------------------------------
-    def stats(self) -> dict:
-        mine = super().stats()
-        if not self.peers:
-            return mine
-        return merge_rank_stats(mine, ray.get([peer.stats.remote() for peer in self.peers], timeout=PEER_TIMEOUT_S))
-
-    def _snapshot_outside_loop(self) -> dict:
-        if not self.peers:
-            return {}
-        return {"ranks": ray.get([peer.rank_counters.remote() for peer in self.peers], timeout=PEER_TIMEOUT_S)}
-
-    def rank_counters(self) -> dict:
-        """Another rank's part of rank 0's checkpoint: its counters at its next burst boundary."""
+    # -- a rank's part of the group's checkpoint ---------------------------------------------------------
+    def save_part(self) -> dict:
+        """Rank r > 0: its counters at its next burst boundary, which rank 0's `save` writes beside the shared
+        weights (the driver hands them over, rlfarm/loops/learner_group.py)."""
         return self._at_burst_boundary(self._counters)
 
     def load(self, path: str) -> dict:
-        extra = super().load(path)
-        if self.peers:
-            ray.get([peer.load_rank.remote(path) for peer in self.peers], timeout=PEER_TIMEOUT_S)
-        return extra
-
-    def load_rank(self, path: str) -> None:
-        """Another rank resumes: rank 0's weights and optimizer, its own counters (none from a run with fewer ranks)."""
+        """Rank 0 restores the whole checkpoint; rank r > 0 rank 0's weights and optimizer with its own counters
+        (none from a run with fewer ranks). Returns the driver's `extra`."""
+        if self.rank == 0:
+            return super().load(path)
         state = torch.load(path, map_location=self.device, weights_only=True)
         parts = state.get("ranks") or []
         counters = parts[self.rank - 1] if self.rank - 1 < len(parts) else \
             {"stored": 0, "duplicates": 0, "quarantined": 0, "stored_ids": []}
         self._at_burst_boundary(lambda: self._restore(state, counters))
+        return state["extra"]
 
-
-def merge_rank_stats(lead: dict, others: list[dict]) -> dict:
-    """Rank 0's stats with the other ranks' counts added: transitions stored, settled per runner and delivered per
-    labeler, queued, dropped; the worst policy lag. Losses, stage times and progress are rank 0's (the ranks move in
-    lockstep: one that stalls stalls rank 0)."""
-    merged = dict(lead)
-    everyone = [lead, *others]
-    for key in SUMMED:
-        if key in lead:
-            merged[key] = sum(s.get(key) or 0 for s in everyone)
-    for key in ("settled_by_runner", "delivered_by_labeler"):
-        total: dict = {}
-        for s in everyone:
-            for k, v in s[key].items():
-                total[k] = total.get(k, 0) + v
-        merged[key] = total
-    lags = [s["policy_lag_max"] for s in everyone if s.get("policy_lag_max") is not None]
-    means = [s["policy_lag_mean"] for s in everyone if s.get("policy_lag_mean") is not None]
-    merged["policy_lag_max"] = max(lags) if lags else None
-    merged["policy_lag_mean"] = float(np.mean(means)) if means else None
-    merged["learner_ranks"] = len(everyone)
-    return merged
+    @staticmethod
+    def merge_rank_stats(lead: dict, others: list[dict]) -> dict:
+        """Rank 0's stats with the other ranks' counts added: transitions stored, settled per runner and delivered per
+        labeler, queued, dropped; the worst policy lag. Losses, stage times and progress are rank 0's (the ranks move in
+        lockstep: one that stalls stalls rank 0). A rank that has not answered yet ({}) adds nothing."""
+        merged = dict(lead)
+        everyone = [lead, *others]
+        for key in SUMMED:
+            if key in lead:
+                merged[key] = sum(s.get(key) or 0 for s in everyone)
+        for key in ("settled_by_runner", "delivered_by_labeler"):
+            total: dict = {}
+            for s in everyone:
+                for k, v in s.get(key, {}).items():
+                    total[k] = total.get(k, 0) + v
+            merged[key] = total
+        lags = [s["policy_lag_max"] for s in everyone if s.get("policy_lag_max") is not None]
+        means = [s["policy_lag_mean"] for s in everyone if s.get("policy_lag_mean") is not None]
+        merged["policy_lag_max"] = max(lags) if lags else None
+        merged["policy_lag_mean"] = float(np.mean(means)) if means else None
+        merged["learner_ranks"] = len(everyone)
+        return merged
 

@@ -284,9 +284,10 @@ class ChunkLearner:
                 "policy_staleness": float(np.mean(staleness)) if staleness else 0.0, "device": str(self.device),
                 **rewards, **metrics, **self._algo_stats()}
 
-    def save(self, path: str, extra: dict | None = None, with_buffer: bool = True) -> str:
+    def save(self, path: str, extra: dict | None = None, *rank_parts: dict, with_buffer: bool = True) -> str:
         """Atomic checkpoint (write a temp file, then rename): the agent, counters, stored chunk ids, RNG states,
-        the algorithm's data (a replay buffer, optional) and the driver's `extra` state.
+        the algorithm's data (a replay buffer, optional) and the driver's `extra` state; `rank_parts`: the other
+        data-parallel ranks' counters (`ActorLearner.save_part`), handed over by the driver's learner group.
 
         The snapshot (copies in memory) is taken by the update loop at its next burst boundary, so it is one
         consistent moment; the file is written here, off the loop. A loop stuck inside one burst for longer than
@@ -294,14 +295,10 @@ class ChunkLearner:
         this thread, mid-update, and says so (state["mid_update"])."""
         state = self._at_burst_boundary(lambda: self._snapshot(with_buffer), SAVE_SNAPSHOT_WAIT_S,
                                         late=lambda: {**self._snapshot(with_buffer), "mid_update": True})
-        state.update(self._snapshot_outside_loop())
+        if rank_parts:
+            state["ranks"] = list(rank_parts)
         state["extra"] = dict(extra or {})
         return save_atomic(state, path)
-
-    def _snapshot_outside_loop(self) -> dict:
-        """What a checkpoint adds from the calling thread, not the update loop (another process's state: asking for
-        it from inside the loop could wait on a peer that waits on this loop)."""
-        return {}
 
     def _snapshot(self, with_buffer: bool) -> dict:
         return {**self._agent_snapshot(with_buffer), **self._counters(), "torch_rng": torch.get_rng_state()}
