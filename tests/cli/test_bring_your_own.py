@@ -87,7 +87,7 @@ def preflight(args: list[str], monkeypatch) -> list[str]:
 def test_every_spelling_of_a_config_folder_reaches_the_checks_and_hydra(project, monkeypatch, spelling):
     monkeypatch.chdir(project)
     monkeypatch.syspath_prepend(str(project))
-    monkeypatch.delenv("RLFARM_ENV_IMPORTS", raising=False)
+    monkeypatch.setenv("RLFARM_ENV_IMPORTS", "")  # recorded, so the import the test makes is undone after it
     given = preflight([*spelling, "experiment=my_reach", "hydra.run.dir=runs/x"], monkeypatch)
     assert given[:len(spelling)] == spelling  # Hydra reads the folder itself
     assert not (project / "runs").exists()
@@ -96,7 +96,7 @@ def test_every_spelling_of_a_config_folder_reaches_the_checks_and_hydra(project,
 def test_plan_and_eval_take_a_config_folder(project, monkeypatch, capsys):
     monkeypatch.chdir(project)
     monkeypatch.syspath_prepend(str(project))
-    monkeypatch.delenv("RLFARM_ENV_IMPORTS", raising=False)
+    monkeypatch.setenv("RLFARM_ENV_IMPORTS", "")  # recorded, so the import the test makes is undone after it
     started = []
     monkeypatch.setattr(cli, "run_hydra_app", lambda task, name, command, rest: started.append(command))
     cli.main(["plan", "--config-dir", "my_configs", "experiment=my_reach", "hydra.run.dir=runs/x"])
@@ -123,7 +123,7 @@ def test_env_imports_reach_a_fresh_process(project, monkeypatch):
     from rlfarm.config import check_env_id
 
     monkeypatch.syspath_prepend(str(project))
-    monkeypatch.delenv("RLFARM_ENV_IMPORTS", raising=False)
+    monkeypatch.setenv("RLFARM_ENV_IMPORTS", "")  # recorded, so the import the test makes is undone after it
     check_env_id("Reach1D-v0", None, ["reach1d"])
     assert os.environ["RLFARM_ENV_IMPORTS"] == "reach1d"
     child = subprocess.run([sys.executable, "-c", "from rlfarm.envs.registry import registered_spec; "
@@ -138,7 +138,7 @@ def test_a_torchscript_reward_through_reward_model(project, monkeypatch):
 
     monkeypatch.chdir(project)
     monkeypatch.syspath_prepend(str(project))
-    monkeypatch.delenv("RLFARM_ENV_IMPORTS", raising=False)
+    monkeypatch.setenv("RLFARM_ENV_IMPORTS", "")  # recorded, so the import the test makes is undone after it
     import bar_reward
 
     torch.jit.save(torch.jit.script(bar_reward.BarReward()), "bar_reward.ts")
