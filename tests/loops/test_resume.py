@@ -1,9 +1,6 @@
-"""Exact resume after a hard kill, then Ctrl-C → checkpoint → the printed resume command (SIGTERM preemption →
-checkpoint → resume=auto: see the note at the end)."""
+"""Exact resume after a hard kill, and SIGTERM preemption → checkpoint → resume=auto."""
 import os
-import re
 import signal
-import time
 
 import pytest
 
@@ -19,8 +16,7 @@ def start(run_dir, *overrides):
 @pytest.mark.slow
 def test_sigkill_then_resume_continues_from_the_newest_intact_checkpoint(tmp_path):
     """A node dies (SIGKILL to the whole process group) after two periodic checkpoints, and the newest file was
-    damaged on the way (a disk, a partial copy): resume skips it, says so, continues from the previous one. That
-    resumed run is then stopped with Ctrl-C: it writes preempted.pt, and the command it prints finishes the run."""
+    damaged on the way (a disk, a partial copy): resume skips it, says so, continues from the previous one."""
     run_dir = tmp_path / "run"
     proc = start(run_dir)
     assert wait_for(lambda: len(list((run_dir / "checkpoints").glob("step_*.pt.sha256"))) >= 2, 240), \
@@ -35,32 +31,16 @@ def test_sigkill_then_resume_continues_from_the_newest_intact_checkpoint(tmp_pat
     os.truncate(newest, os.path.getsize(newest) // 2)
     os.utime(newest, (mtime, mtime))  # still the newest by time: only its contents are damaged
 
-    started = time.time()
-    resumed = start_train(run_dir, f"resume={run_dir}", "algo.batch_size=64")
-    # the killed run's rows past the checkpoint are dropped when the resumed one starts; then it logs its own
-    assert wait_for(lambda: os.path.getmtime(run_dir / "metrics.jsonl") > started and
-                    any(row["env_steps"] > state["stored"] for row in metrics_rows(run_dir)), 240), \
-        "the resumed run logged nothing past its checkpoint"
-    resumed.send_signal(signal.SIGINT)  # Ctrl-C: to the driver only (Ray's processes ignore it)
-    said, err = resumed.communicate(timeout=120)
-    said += err
-    assert resumed.returncode == 130, err[-2000:]
+    out = rlfarm("train", f"resume={run_dir}", "run.live=false", "algo.batch_size=64")
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = out.stdout + out.stderr
     # the checkpoint was trained at another batch size: the override is not applied, and the user is told
     assert "resume keeps the run's saved config: ignored algo.batch_size=64" in said
     assert (f"checkpoints/{newest.name} is damaged (truncated: sha256 mismatch): skipped, "
             f"resuming from checkpoints/{previous.name}") in said
     assert f"resumed from {previous} at {state['stored']} env steps" in said
-    interrupted = torch.load(run_dir / "checkpoints" / "preempted.pt", weights_only=True)
-    assert interrupted["stored"] > state["stored"]
-
-    command = re.search(r"continue with: rlfarm train (\S+)$", err.strip().splitlines()[-1])
-    assert command and command.group(1) == f"resume={run_dir}", err[-2000:]  # the advice, typed as printed
-    out = rlfarm("train", command.group(1))
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert f"resumed from {run_dir / 'checkpoints' / 'preempted.pt'} at {interrupted['stored']} env steps" in \
-        out.stdout + out.stderr
     summary = read_summary(run_dir)
-    assert summary["env_steps"] == 3000 and summary["restarts"] == 2  # two resumes
+    assert summary["env_steps"] == 3000 and summary["restarts"] == 1
     assert summary["updates"] >= state["updates"]  # counters continue, they do not restart at zero
     assert summary["transitions_stored"] == summary["transitions_produced"] == 3000
     rows = metrics_rows(run_dir)
