@@ -10,9 +10,39 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
+# `make test` runs the suite on xdist workers with `--dist loadgroup`. One unit of work is a module (its
+# module-scoped Ray starts once) or, for the modules that share the session's trained runs (`tiny_sweep`,
+# `sac_pendulum_run`), all of them (those runs are trained once, not once per worker). Units start longest
+# first, so no long one is left to run alone at the end; the list is the CI's --durations, heaviest first.
+SHARED_RUNS = ("tests/cli/test_cli.py", "tests/commands/test_eval.py", "tests/commands/test_fit_reward.py",
+               "tests/commands/test_report.py", "tests/loops/test_sac_learns.py")
+LONGEST_FIRST = (
+    "tests/slurm/test_slurm.py", *SHARED_RUNS, "tests/loops/test_vla_simplevla.py",
+    "tests/loops/test_worker_failure.py", "tests/loops/test_offpolicy_deadlines.py",
+    "tests/loops/test_onpolicy_faults.py", "tests/loops/test_actor_learner_cartpole.py",
+    "tests/loops/test_grpo_async.py", "tests/loops/test_ppo_cartpole.py", "tests/loops/test_onpolicy_topologies.py",
+    "tests/loops/test_ppo_lm_digits.py", "tests/loops/test_grpo_resume.py", "tests/loops/test_vla_ppo.py",
+    "tests/loops/test_resume.py", "tests/loops/test_reward_faults.py", "tests/loops/test_grpo_digits.py",
+)
+
+
+def _unit_of(item) -> str:
+    path = item.nodeid.split("::", 1)[0]
+    return "shared_runs" if path in SHARED_RUNS else path
+
+
+def _rank(item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(_unit_of(item)))
+    items.sort(key=_rank)  # stable: a module's tests keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
@@ -26,7 +56,7 @@ def ray_cpu():
     """A real local Ray for one test module, with 4 GPUs *declared* so placement can be tested on CPU."""
     import ray
 
-    ray.init(num_cpus=16, num_gpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
+    ray.init(address="local", num_cpus=16, num_gpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()

@@ -143,7 +143,7 @@ def measure_server(vla, groups: int, workers: int, device: str, repeats: int, ti
     cuda = device == "cuda"
     ours = not ray.is_initialized()
     if ours:
-        ray.init(num_cpus=max(os.cpu_count() or 1, workers + 2), num_gpus=1 if cuda else 0, include_dashboard=False,
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, workers + 2), num_gpus=1 if cuda else 0, include_dashboard=False,
                  _node_ip_address="127.0.0.1", configure_logging=False)
     actors = []
     try:

@@ -41,7 +41,7 @@ class Worker:
 @pytest.fixture(scope="module")
 def ray_local():
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this test module
-    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+    ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
              configure_logging=False)
     yield ray
     ray.shutdown()
