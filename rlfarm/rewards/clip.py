@@ -33,6 +33,21 @@ def goal_baseline_reward(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor, alph
     return 1 - 0.5 * ((x - g) @ projection).pow(2).sum(dim=-1)
 
 
+def clip_pixels(frames: torch.Tensor, image_size: int, mean: torch.Tensor, std: torch.Tensor,
+                dtype: torch.dtype) -> torch.Tensor:
+    """[n, H, W, 3] uint8 → [n, 3, S, S] normalized pixels in `dtype` (CLIP's center crop + resize, on the frames'
+    device); mean, std: [1, 3, 1, 1]."""
+    pixels = frames.permute(0, 3, 1, 2).float() / 255
+    height, width = pixels.shape[-2:]
+    side = min(height, width)
+    top, left = (height - side) // 2, (width - side) // 2
+    pixels = pixels[..., top : top + side, left : left + side]
+    if side != image_size:
+        pixels = F.interpolate(pixels, size=(image_size, image_size), mode="bicubic", antialias=True,
+                               align_corners=False)
+    return ((pixels - mean) / std).to(dtype)
+
+
 class ClipReward(RewardModel):
     """Goal-baseline CLIP reward of rendered frames.
 
@@ -140,16 +155,7 @@ class ClipReward(RewardModel):
         return goal_baseline_reward(F.normalize(x, dim=-1), self._goal, self._baseline, self.alpha)
 
     def _preprocess(self, frames: torch.Tensor) -> torch.Tensor:
-        """[n, H, W, 3] uint8 → [n, 3, S, S] normalized pixels in the model's dtype (CLIP's center crop + resize)."""
-        pixels = frames.permute(0, 3, 1, 2).float() / 255
-        height, width = pixels.shape[-2:]
-        side = min(height, width)
-        top, left = (height - side) // 2, (width - side) // 2
-        pixels = pixels[..., top : top + side, left : left + side]
-        if side != self._image_size:
-            size = (self._image_size, self._image_size)
-            pixels = F.interpolate(pixels, size=size, mode="bicubic", antialias=True, align_corners=False)
-        return ((pixels - self._mean) / self._std).to(self._dtype)
+        return clip_pixels(frames, self._image_size, self._mean, self._std, self._dtype)
 
     def _embed_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
         """[n, 3, S, S] → [n, D] image embeddings (not normalized)."""
