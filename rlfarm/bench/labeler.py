@@ -1,7 +1,9 @@
 """`rlfarm bench labeler` (issue 4, P1): is the labeling farm as fast as its reward model called directly?
 
 A CLIP-style image tower (clip_factory shapes, random weights; bf16 + torch.compile on CUDA, as
-`reward=clip reward.compile=true` runs it) is measured three ways in one run, per shape:
+`reward=clip reward.compile=true` runs it), or with `bench.reward=vlm_judge` a VLM judge (vlm_factory shapes, random
+weights built on each device; sizes from `judge`/`judge_cpu` over `sizes`), is measured three ways in one run, per
+shape:
 - direct: the reward model called on batches of `batch` frames preloaded in host memory (the baseline: the
   same call a labeler makes, with nothing around it);
 - inline: one call per transition (batch 1), which is what labeling inside the env loop would cost;
@@ -30,16 +32,19 @@ from rlfarm.bench.farm import (assigned_gpus, bench_ray, box_spaces, farm_topolo
 from rlfarm.bench.stand_ins import ChunkProducer, InstantAck
 from rlfarm.config import CONF_DIR
 from rlfarm.families import OFFPOLICY
+from rlfarm.errors import ConfigError
 from rlfarm.rewards.clip_factory import SHAPES, save_random_clip
+from rlfarm.rewards.vlm_factory import SHAPES as JUDGE_SHAPES, is_shape
 from rlfarm.roles.labeler import Labeler
 from rlfarm.topology import plan_topology
 from rlfarm.telemetry.gpu_busy import GpuBusySampler, nvml_available
 
+REWARDS = ("clip", "vlm_judge")
 OBS_DIM, ACT_DIM = 8, 2  # what the learner stores beside the frames: small, as for a MuJoCo task
 
 
 def run(cfg: DictConfig, device: str) -> list[dict]:
-    size = sizes(cfg, device)
+    size = bench_sizes(cfg, device)
     gpus = reward_gpus(size, device)
     labelers = gpus * int(size.labelers_per_gpu) if gpus else int(size.get("labelers", 1))
     topology = farm_topology("bench-labeler", runners=int(size.producers), labelers=labelers,
@@ -50,7 +55,10 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
         frame = image_size(size.shapes[0])
         rows.append(producers_alone(size, topology, frame))
         for shape in size.shapes:
-            reward_cfg = clip_reward_cfg(cfg, save_random_clip(Path(models) / shape, shape), shape, size, device)
+            if cfg.reward == "vlm_judge":
+                reward_cfg = judge_reward_cfg(cfg, shape, size)
+            else:
+                reward_cfg = clip_reward_cfg(cfg, save_random_clip(Path(models) / shape, shape), shape, size, device)
             inline, direct = direct_and_inline(reward_cfg, size, device)
             farm = farm_rate(reward_cfg, size, topology, image_size(shape))
             per_gpu = farm["img_per_s"] / max(gpus, 1)
@@ -74,8 +82,26 @@ def reward_gpus(size: DictConfig, device: str) -> int:
     return visible if size.gpus is None else min(int(size.gpus), visible)
 
 
+def bench_sizes(cfg: DictConfig, device: str) -> DictConfig:
+    """`sizes` (`sizes_cpu` on CPU), with a judge's own keys over them for bench.reward=vlm_judge."""
+    if cfg.reward not in REWARDS:
+        raise ConfigError(f"bench.reward={cfg.reward!r} is not a farm reward", f"set bench.reward={' or '.join(REWARDS)}")
+    size = sizes(cfg, device)
+    if cfg.reward != "vlm_judge":
+        return size
+    judge = cfg.judge_cpu if device == "cpu" else cfg.judge
+    return OmegaConf.merge(*(OmegaConf.to_container(node, resolve=True) for node in (size, judge)))  # new keys too
+
+
 def image_size(shape: str) -> int:
-    return int(SHAPES[shape][0]["image_size"])
+    return int((JUDGE_SHAPES if is_shape(shape) else SHAPES)[shape][0]["image_size"])
+
+
+def judge_reward_cfg(cfg: DictConfig, shape: str, size: DictConfig) -> dict:
+    """conf/reward/vlm_judge.yaml for a random-weight shape (built on each labeler's device), frames at its input size."""
+    reward = OmegaConf.load(CONF_DIR / "reward" / "vlm_judge.yaml")
+    reward.model, reward.frame_size, reward.max_batch, reward.dtype = shape, image_size(shape), int(size.max_batch), cfg.dtype
+    return OmegaConf.to_container(reward, resolve=True)
 
 
 def clip_reward_cfg(cfg: DictConfig, model: Path, shape: str, size: DictConfig, device: str) -> dict:
