@@ -59,19 +59,48 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
                 reward_cfg = judge_reward_cfg(cfg, shape, size)
             else:
                 reward_cfg = clip_reward_cfg(cfg, save_random_clip(Path(models) / shape, shape), shape, size, device)
-            inline, direct = direct_and_inline(reward_cfg, size, device)
-            farm = farm_rate(reward_cfg, size, topology, image_size(shape))
-            per_gpu = farm["img_per_s"] / max(gpus, 1)
+            probe = frames(int(size.agreement_frames), reward_cfg["frame_size"], seed=1) if cfg.precision else None
+            inline, direct, probe_rewards = direct_and_inline(reward_cfg, size, device, probe)
+            direct_case = f"{shape} direct b{size.batch}"
             rows += [
                 {"case": f"{shape} inline b1", "value": inline, "unit": "img/s", "baseline": None, "batch": 1},
-                {"case": f"{shape} direct b{size.batch}", "value": direct, "unit": "img/s",
-                 "baseline": f"{shape} inline b1", "batch": int(size.batch)},
-                {"case": f"{shape} farm per GPU", "value": per_gpu, "unit": "img/s",
-                 "baseline": f"{shape} direct b{size.batch}", "batch": int(size.batch), "gpus": gpus,
-                 "labelers": labelers, "farm_img_per_s": farm["img_per_s"], "vs_inline": per_gpu / inline,
-                 **{k: v for k, v in farm.items() if k != "img_per_s"}},
+                {"case": direct_case, "value": direct, "unit": "img/s", "baseline": f"{shape} inline b1",
+                 "batch": int(size.batch)},
             ]
+            if cfg.precision:  # the farm runs the tower in this precision, against its own direct call
+                reward_cfg = {**reward_cfg, "precision": cfg.precision}
+                rows += precision_rows(reward_cfg, shape, size, device, probe, probe_rewards, direct_case)
+                direct_case = rows[-2]["case"]
+            farm = farm_rate(reward_cfg, size, topology, image_size(shape))
+            per_gpu = farm["img_per_s"] / max(gpus, 1)
+            rows.append({"case": f"{shape} farm per GPU", "value": per_gpu, "unit": "img/s", "baseline": direct_case,
+                         "batch": int(size.batch), "gpus": gpus, "labelers": labelers,
+                         "farm_img_per_s": farm["img_per_s"], "vs_inline": per_gpu / inline,
+                         **{k: v for k, v in farm.items() if k != "img_per_s"}})
     return rows
+
+
+def precision_rows(reward_cfg: dict, shape: str, size: DictConfig, device: str, probe: np.ndarray,
+                   reference: np.ndarray, direct_case: str) -> list[dict]:
+    """The tower at `reward_cfg`'s precision: its direct img/s against the default precision's, and how well its
+    rewards keep the default's order (Spearman's rank correlation over the `agreement_frames` probe frames)."""
+    model = instantiate(reward_cfg)
+    model.setup("cuda:0" if device == "cuda" else "cpu")
+    direct = direct_rate(model, size, device, reward_cfg["frame_size"])
+    rewards = model({"frames": probe})
+    del model
+    release_gpu_memory(device)
+    precision = reward_cfg["precision"]
+    return [{"case": f"{direct_case} {precision}", "value": direct, "unit": "img/s", "baseline": direct_case,
+             "batch": int(size.batch)},
+            {"case": f"{shape} {precision} rank agreement", "value": rank_correlation(reference, rewards),
+             "unit": "spearman", "baseline": None, "frames": len(probe)}]
+
+
+def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rho: the Pearson correlation of the two arrays' ranks (continuous rewards: ties are rare)."""
+    ranks = [np.argsort(np.argsort(x)).astype(np.float64) for x in (a, b)]
+    return float(np.corrcoef(*ranks)[0, 1])
 
 
 def reward_gpus(size: DictConfig, device: str) -> int:
@@ -86,6 +115,10 @@ def bench_sizes(cfg: DictConfig, device: str) -> DictConfig:
     """`sizes` (`sizes_cpu` on CPU), with a judge's own keys over them for bench.reward=vlm_judge."""
     if cfg.reward not in REWARDS:
         raise ConfigError(f"bench.reward={cfg.reward!r} is not a farm reward", f"set bench.reward={' or '.join(REWARDS)}")
+    if cfg.precision is not None and (cfg.reward != "clip" or cfg.precision != "fp8" or device != "cuda"):
+        raise ConfigError(f"bench.precision={cfg.precision} with bench.reward={cfg.reward} on {device}: only the CLIP "
+                          "tower has an fp8 precision, on an Ada or Hopper GPU", "drop bench.precision, or run "
+                          "bench.reward=clip bench.precision=fp8 with device=cuda")
     size = sizes(cfg, device)
     if cfg.reward != "vlm_judge":
         return size
@@ -116,19 +149,27 @@ def frames(n: int, side: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=(n, side, side, 3), dtype=np.uint8)
 
 
-def direct_and_inline(reward_cfg: dict, size: DictConfig, device: str) -> tuple[float, float]:
-    """(inline img/s at batch 1, direct img/s at batch `size.batch`) of one model in this process."""
+def direct_and_inline(reward_cfg: dict, size: DictConfig, device: str, probe: np.ndarray | None = None
+                      ) -> tuple[float, float, np.ndarray | None]:
+    """(inline img/s at batch 1, direct img/s at batch `size.batch`, its rewards of the `probe` frames if given) of
+    one model in this process."""
     model = instantiate(reward_cfg)
     model.setup("cuda:0" if device == "cuda" else "cpu")
-    batch = {"frames": frames(int(size.batch), reward_cfg["frame_size"])}
-    calls = int(size.direct_batches)
-    direct = median_rate(lambda: [model(batch) for _ in range(calls)], calls * int(size.batch), device,
-                         repeats=int(size.repeats))
-    singles = [{"frames": batch["frames"][i:i + 1]} for i in range(int(size.inline_frames))]
+    direct = direct_rate(model, size, device, reward_cfg["frame_size"])
+    singles = [{"frames": one} for one in frames(int(size.inline_frames), reward_cfg["frame_size"])[:, None]]
     inline = median_rate(lambda: [model(one) for one in singles], len(singles), device, repeats=int(size.repeats))
+    probe_rewards = None if probe is None else model({"frames": probe})
     del model
     release_gpu_memory(device)
-    return inline, direct
+    return inline, direct, probe_rewards
+
+
+def direct_rate(model, size: DictConfig, device: str, side: int) -> float:
+    """img/s of `direct_batches` calls on `batch` frames each, preloaded in host memory."""
+    batch = {"frames": frames(int(size.batch), side)}
+    calls = int(size.direct_batches)
+    return median_rate(lambda: [model(batch) for _ in range(calls)], calls * int(size.batch), device,
+                       repeats=int(size.repeats))
 
 
 def release_gpu_memory(device: str) -> None:

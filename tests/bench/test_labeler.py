@@ -95,3 +95,16 @@ def test_judge_bench_on_gpu_small():
                             "bench.judge.window_s=2", "bench.sizes.gpus=1"])
     rows = {row["case"]: row for row in labeler.run(cfg.bench, "cuda")}
     assert rows["tiny_shape farm per GPU"]["gpus"] == 1 and all(row["value"] > 0 for row in rows.values())
+
+
+def test_rank_agreement_and_the_fp8_option_on_cpu():
+    import numpy as np
+
+    from rlfarm.bench.labeler import bench_sizes, rank_correlation
+    from rlfarm.errors import ConfigError
+
+    a = np.random.default_rng(0).normal(size=1000)
+    assert rank_correlation(a, np.exp(a)) == pytest.approx(1.0)  # order kept: 1 whatever the scale
+    assert rank_correlation(a, -a) == pytest.approx(-1.0)
+    with pytest.raises(ConfigError, match="only the CLIP tower has an fp8 precision"):
+        bench_sizes(compose("bench", ["bench=labeler", "bench.precision=fp8"]).bench, "cpu")
