@@ -59,7 +59,7 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
                 reward_cfg = judge_reward_cfg(cfg, shape, size)
             else:
                 reward_cfg = clip_reward_cfg(cfg, save_random_clip(Path(models) / shape, shape), shape, size, device)
-            probe = frames(int(size.agreement_frames), reward_cfg["frame_size"], seed=1) if cfg.precision else None
+            probe = varied_frames(int(size.agreement_frames), reward_cfg["frame_size"]) if cfg.precision else None
             inline, direct, probe_rewards = direct_and_inline(reward_cfg, size, device, probe)
             direct_case = f"{shape} direct b{size.batch}"
             rows += [
@@ -147,6 +147,15 @@ def clip_reward_cfg(cfg: DictConfig, model: Path, shape: str, size: DictConfig, 
 
 def frames(n: int, side: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=(n, side, side, 3), dtype=np.uint8)
+
+
+def varied_frames(n: int, side: int, seed: int = 1) -> np.ndarray:
+    """Frames that differ as a scene's do (each its own colour and brightness, plus pixel noise): a tower's rewards of
+    pure noise frames hardly differ, so any precision's rounding would reorder them."""
+    rng = np.random.default_rng(seed)
+    colour = rng.uniform(0, 255, size=(n, 1, 1, 3))
+    noise = rng.normal(0, 24, size=(n, side, side, 3))
+    return np.clip(colour + noise, 0, 255).astype(np.uint8)
 
 
 def direct_and_inline(reward_cfg: dict, size: DictConfig, device: str, probe: np.ndarray | None = None

@@ -34,3 +34,18 @@ def test_clip_in_fp8_is_refused_on_cpu_in_one_line():
     assert "\n" not in str(error.value)
     with pytest.raises(RewardModelError, match="reward.precision='fp16' is not a tower precision"):
         ClipReward("unused", ["go"], ["stay"], precision="fp16")
+
+
+@pytest.mark.gpu
+def test_clip_in_fp8_keeps_the_bf16_rewards_order(tmp_path):
+    from rlfarm.bench.labeler import rank_correlation, varied_frames
+    from rlfarm.rewards.clip_factory import save_random_clip
+
+    model = str(save_random_clip(tmp_path / "clip", "vit-b-16"))
+    frames = varied_frames(512, 224)
+    rewards = {}
+    for precision in (None, "fp8"):
+        reward = ClipReward(model, ["a cheetah running fast"], ["a cheetah"], precision=precision, max_batch=128)
+        reward.setup("cuda:0")
+        rewards[precision] = reward({"frames": frames})
+    assert rank_correlation(rewards[None], rewards["fp8"]) > 0.8  # a wrong scale or layout gives about 0

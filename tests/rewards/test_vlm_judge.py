@@ -100,3 +100,15 @@ def test_sac_with_the_judge_labels_every_transition(tmp_path, tiny_judge):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["transitions_produced"] == summary["transitions_labeled"] == summary["transitions_stored"] == 256
     assert "VlmJudgeReward" in (run_dir / "train.log").read_text()
+
+
+@pytest.mark.gpu
+def test_bf16_judge_on_cuda_is_the_hf_forward_within_bf16_noise(tiny_judge):
+    frames = np.random.default_rng(4).integers(0, 256, size=(70, SIDE, SIDE, 3), dtype=np.uint8)
+    reward = VlmJudgeReward(tiny_judge, question=QUESTION, max_batch=32)
+    reward.setup("cuda:0")
+    logits = hf_answer_logits(tiny_judge, frames, reward.template)  # float32 on CPU
+    expected = (logits[:, reward._yes] - logits[:, reward._no]).numpy()
+    first, second = reward.start({"frames": [frames[:40], frames[40:]]}), reward.start({"frames": frames[::-1]})
+    np.testing.assert_allclose(first.result(), expected, atol=0.05 * max(1.0, np.abs(expected).max()))
+    np.testing.assert_allclose(second.result(), expected[::-1], atol=0.05 * max(1.0, np.abs(expected).max()))
