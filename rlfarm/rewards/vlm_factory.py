@@ -62,14 +62,15 @@ def shape_config(shape: str):
 
 def word_tokenizer():
     """A word-level fast tokenizer over WORDS (ids below every shape's vocabulary), `<image>` a special token."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {token: i for i, token in enumerate((*SPECIAL, *WORDS))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    core.add_special_tokens([AddedToken(IMAGE_TOKEN, special=True)])  # whole, not split at its punctuation
     return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", pad_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", extra_special_tokens={"image_token": IMAGE_TOKEN})
+                                   eos_token="</s>")
 
 
 def build_random_judge(shape: str, device: str = "cpu", dtype=None, seed: int = 0):

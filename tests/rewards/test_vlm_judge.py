@@ -24,10 +24,14 @@ def tiny_judge(tmp_path_factory) -> str:
 
 def hf_answer_logits(path: str, frames: np.ndarray, template: str, images_per_row: int = 1) -> torch.Tensor:
     """The next-token logits after the prompt, as transformers' LlavaProcessor and forward compute them."""
-    from transformers import AutoTokenizer, CLIPImageProcessorPil, LlavaForConditionalGeneration, LlavaProcessor
+    from transformers import AutoTokenizer, LlavaForConditionalGeneration, LlavaProcessor
+    try:  # transformers without torchvision: the PIL backend (the GPU machine's may have either)
+        from transformers import CLIPImageProcessorPil as CLIPImageProcessor
+    except ImportError:
+        from transformers import CLIPImageProcessor
 
     model = LlavaForConditionalGeneration.from_pretrained(path).eval()
-    images = CLIPImageProcessorPil(size={"shortest_edge": SIDE}, crop_size={"height": SIDE, "width": SIDE},
+    images = CLIPImageProcessor(size={"shortest_edge": SIDE}, crop_size={"height": SIDE, "width": SIDE},
                                 do_resize=False, do_center_crop=False, **OPENAI_STATS)
     processor = LlavaProcessor(image_processor=images, tokenizer=AutoTokenizer.from_pretrained(path),
                                patch_size=model.config.vision_config.patch_size, image_token="<image>",
