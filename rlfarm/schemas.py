@@ -231,7 +231,8 @@ class GymEnvSchema(Ranged):
     # Modules imported before the id is looked up, in every process (rlfarm/envs/registry.py): those that register
     # a plain env.id of the user's own.
     imports: Optional[list[str]] = None
-    # GPUs the runners render on through EGL (runner i on render_gpus[i % len]); None: all of the node's.
+    # GPUs the runners render on through EGL (runner i on render_gpus[i % len]); None: the node's GPUs without a
+    # learner where there are any, else all of them (rlfarm/topology.py: render_layout).
     # Keeps rendering off GPUs that are busy with something else, e.g. the reward model's (docs/benchmarks.md).
     render_gpus: Optional[list[int]] = None
     # Double buffering: the sub-envs in `groups` groups, one group's policy forward overlapping another's step

@@ -232,3 +232,76 @@ def gpu_share_label(p: Placement) -> str:
     if p.gpus == 0:
         return "-"
     return f"{p.gpus:g}" if p.gpus < 1 else str(math.floor(p.gpus))
+
+
+# -- where the runners render (EGL) ------------------------------------------------------------------------------
+# Runners hold no GPU share but draw their frames through EGL on a GPU of their node. On the learner's GPU that cost
+# the learner three quarters of its speed (12 renderers on one H200, docs/benchmarks.md), so where the topology leaves
+# GPUs without a learner the runners render there unless `env.render_gpus` says otherwise.
+
+def render_layout(requested: list[int] | None, node_gpus: int, learner_gpus: set[int]
+                  ) -> tuple[list[int] | None, str | None]:
+    """(the GPU indices runners render on — runner i on gpus[i % len]; None: all of the node's —, a warning or None).
+
+    requested: `env.render_gpus` (None: not set); node_gpus: GPUs of the learner's node; learner_gpus: the ids the
+    learner's ranks hold there. Unset, the runners render on the node's GPUs that hold no learner, if any. Set, it
+    is kept, with a warning when it puts renderers on a learner's GPU although a GPU without one exists."""
+    free = [gpu for gpu in range(node_gpus) if gpu not in learner_gpus]
+    if requested is None:
+        return (free, None) if learner_gpus and free else (None, None)
+    on_learner = sorted(set(requested) & learner_gpus)
+    if not (on_learner and free):
+        return list(requested), None
+    return list(requested), (f"env.render_gpus={list(requested)} puts EGL renderers on the learner's GPU "
+                             f"{','.join(map(str, on_learner))}, which slows its updates (docs/benchmarks.md); "
+                             f"leave env.render_gpus unset to render on GPU {','.join(map(str, free))}")
+
+
+def render_gpus_beside(requested: list[int] | None, learner_gpus: set[int]) -> tuple[list[int] | None, str | None]:
+    """`render_layout` on a running Ray, whose one GPU node holds the learner. A cluster with several GPU nodes
+    keeps `requested` as it is: runners have no pool and may land on another node, with its own GPU indices."""
+    import ray
+
+    gpu_nodes = [node for node in ray.nodes() if node.get("Alive") and node["Resources"].get("GPU", 0) > 0]
+    if len(gpu_nodes) != 1:
+        return requested, None
+    return render_layout(requested, int(gpu_nodes[0]["Resources"]["GPU"]), learner_gpus)
+
+
+class _GpuIds:
+    def ids(self) -> list[int]:
+        import ray
+
+        return [int(gpu) for gpu in ray.get_gpu_ids()]
+
+
+def learner_gpu_ids(placed: PlacedTopology, timeout_s: float) -> set[int]:
+    """The GPU ids Ray gives the learner's bundles, read by a probe placed as each rank will be (and gone before
+    it starts: a placement group's bundle keeps its GPUs, so the rank gets the same ids). Call before the learner
+    starts: its bundle must be free."""
+    import ray
+
+    places = [p for p in placed.plan.of("learner") if p.gpus > 0]
+    if not places:
+        return set()
+    probes = [ray.remote(_GpuIds).options(**placed.options(p)).remote() for p in places]
+    try:
+        refs = [probe.ids.remote() for probe in probes]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
+            raise TopologyError(f"a probe in the learner's placement did not start within {timeout_s:g} s",
+                                "free the cluster's resources or raise run.restart_timeout_s")
+        return {gpu for ids in ray.get(refs) for gpu in ids}
+    finally:
+        for probe in probes:
+            ray.kill(probe)
+
+
+def render_gpus_for_runners(requested: list[int] | None, placed: PlacedTopology, timeout_s: float) -> list[int] | None:
+    """`env.render_gpus` for the runners of a run on `placed` (`render_layout`), its warning logged once."""
+    import logging
+
+    gpus, warning = render_gpus_beside(requested, learner_gpu_ids(placed, timeout_s))
+    if warning:
+        logging.getLogger("rlfarm").warning(warning)
+    return gpus

@@ -3,7 +3,8 @@
 #   farm_e2e.sh learner   the learner inside the pipeline with the env reward (learner-limited: UTD 1, batch 256,
 #                         many runners); its bench figure alone comes from gpu_checks.sh
 #   farm_e2e.sh farm      reward=env with frames rendered but unused, then reward=clip (ViT-L/14 shape, 224 px),
-#                         same runners/batch/UTD, $WALL s each
+#                         same runners/batch/UTD, $WALL s each; RUNS may also name clip_fp8 (reward.precision=fp8)
+#                         and judge (reward=vlm_judge at the $JUDGE shape, default qwen2-vl-2b_shape)
 # A compiled reward tower compiles while its labeler starts (run.restart_timeout_s=300 leaves room for ViT-L/14).
 # Env: TOPO (split_1_1 on 2 GPUs, split_1_3 on 4), RUNNERS, NUM_ENVS, WORKERS, UTD, BATCH, WALL, LABELERS, RUNS, TAG, EXTRA;
 # PROFILE_AT=<s>: that many seconds after the run's first update (past the learner's capture and compile, which take
@@ -57,6 +58,8 @@ else
     case $run in
       env_frames) train env_frames$TAG reward=env reward.frame_size=224 "${FARM[@]}" "${EXTRA[@]}" ;;
       clip) train clip$TAG reward=clip reward.model=$CLIP reward.compile=true reward.frame_size=224 "${FARM[@]}" "${EXTRA[@]}" ;;
+      clip_fp8) train clip_fp8$TAG reward=clip reward.model=$CLIP reward.precision=fp8 reward.frame_size=224 "${FARM[@]}" "${EXTRA[@]}" ;;
+      judge) train judge$TAG reward=vlm_judge reward.model=${JUDGE:-qwen2-vl-2b_shape} reward.frame_size=224 "${FARM[@]}" "${EXTRA[@]}" ;;
     esac
   done
 fi

@@ -1,7 +1,9 @@
 """`rlfarm bench labeler` (issue 4, P1): is the labeling farm as fast as its reward model called directly?
 
 A CLIP-style image tower (clip_factory shapes, random weights; bf16 + torch.compile on CUDA, as
-`reward=clip reward.compile=true` runs it) is measured three ways in one run, per shape:
+`reward=clip reward.compile=true` runs it), or with `bench.reward=vlm_judge` a VLM judge (vlm_factory shapes, random
+weights built on each device; sizes from `judge`/`judge_cpu` over `sizes`), is measured three ways in one run, per
+shape:
 - direct: the reward model called on batches of `batch` frames preloaded in host memory (the baseline: the
   same call a labeler makes, with nothing around it);
 - inline: one call per transition (batch 1), which is what labeling inside the env loop would cost;
@@ -30,16 +32,19 @@ from rlfarm.bench.farm import (assigned_gpus, bench_ray, box_spaces, farm_topolo
 from rlfarm.bench.stand_ins import ChunkProducer, InstantAck
 from rlfarm.config import CONF_DIR
 from rlfarm.families import OFFPOLICY
+from rlfarm.errors import ConfigError
 from rlfarm.rewards.clip_factory import SHAPES, save_random_clip
+from rlfarm.rewards.vlm_factory import SHAPES as JUDGE_SHAPES, is_shape
 from rlfarm.roles.labeler import Labeler
 from rlfarm.topology import plan_topology
 from rlfarm.telemetry.gpu_busy import GpuBusySampler, nvml_available
 
+REWARDS = ("clip", "vlm_judge")
 OBS_DIM, ACT_DIM = 8, 2  # what the learner stores beside the frames: small, as for a MuJoCo task
 
 
 def run(cfg: DictConfig, device: str) -> list[dict]:
-    size = sizes(cfg, device)
+    size = bench_sizes(cfg, device)
     gpus = reward_gpus(size, device)
     labelers = gpus * int(size.labelers_per_gpu) if gpus else int(size.get("labelers", 1))
     topology = farm_topology("bench-labeler", runners=int(size.producers), labelers=labelers,
@@ -50,20 +55,52 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
         frame = image_size(size.shapes[0])
         rows.append(producers_alone(size, topology, frame))
         for shape in size.shapes:
-            reward_cfg = clip_reward_cfg(cfg, save_random_clip(Path(models) / shape, shape), shape, size, device)
-            inline, direct = direct_and_inline(reward_cfg, size, device)
-            farm = farm_rate(reward_cfg, size, topology, image_size(shape))
-            per_gpu = farm["img_per_s"] / max(gpus, 1)
+            if cfg.reward == "vlm_judge":
+                reward_cfg = judge_reward_cfg(cfg, shape, size)
+            else:
+                reward_cfg = clip_reward_cfg(cfg, save_random_clip(Path(models) / shape, shape), shape, size, device)
+            probe = varied_frames(int(size.agreement_frames), reward_cfg["frame_size"]) if cfg.precision else None
+            inline, direct, probe_rewards = direct_and_inline(reward_cfg, size, device, probe)
+            direct_case = f"{shape} direct b{size.batch}"
             rows += [
                 {"case": f"{shape} inline b1", "value": inline, "unit": "img/s", "baseline": None, "batch": 1},
-                {"case": f"{shape} direct b{size.batch}", "value": direct, "unit": "img/s",
-                 "baseline": f"{shape} inline b1", "batch": int(size.batch)},
-                {"case": f"{shape} farm per GPU", "value": per_gpu, "unit": "img/s",
-                 "baseline": f"{shape} direct b{size.batch}", "batch": int(size.batch), "gpus": gpus,
-                 "labelers": labelers, "farm_img_per_s": farm["img_per_s"], "vs_inline": per_gpu / inline,
-                 **{k: v for k, v in farm.items() if k != "img_per_s"}},
+                {"case": direct_case, "value": direct, "unit": "img/s", "baseline": f"{shape} inline b1",
+                 "batch": int(size.batch)},
             ]
+            if cfg.precision:  # the farm runs the tower in this precision, against its own direct call
+                reward_cfg = {**reward_cfg, "precision": cfg.precision}
+                rows += precision_rows(reward_cfg, shape, size, device, probe, probe_rewards, direct_case)
+                direct_case = rows[-2]["case"]
+            farm = farm_rate(reward_cfg, size, topology, image_size(shape))
+            per_gpu = farm["img_per_s"] / max(gpus, 1)
+            rows.append({"case": f"{shape} farm per GPU", "value": per_gpu, "unit": "img/s", "baseline": direct_case,
+                         "batch": int(size.batch), "gpus": gpus, "labelers": labelers,
+                         "farm_img_per_s": farm["img_per_s"], "vs_inline": per_gpu / inline,
+                         **{k: v for k, v in farm.items() if k != "img_per_s"}})
     return rows
+
+
+def precision_rows(reward_cfg: dict, shape: str, size: DictConfig, device: str, probe: np.ndarray,
+                   reference: np.ndarray, direct_case: str) -> list[dict]:
+    """The tower at `reward_cfg`'s precision: its direct img/s against the default precision's, and how well its
+    rewards keep the default's order (Spearman's rank correlation over the `agreement_frames` probe frames)."""
+    model = instantiate(reward_cfg)
+    model.setup("cuda:0" if device == "cuda" else "cpu")
+    direct = direct_rate(model, size, device, reward_cfg["frame_size"])
+    rewards = model({"frames": probe})
+    del model
+    release_gpu_memory(device)
+    precision = reward_cfg["precision"]
+    return [{"case": f"{direct_case} {precision}", "value": direct, "unit": "img/s", "baseline": direct_case,
+             "batch": int(size.batch)},
+            {"case": f"{shape} {precision} rank agreement", "value": rank_correlation(reference, rewards),
+             "unit": "spearman", "baseline": None, "frames": len(probe)}]
+
+
+def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rho: the Pearson correlation of the two arrays' ranks (continuous rewards: ties are rare)."""
+    ranks = [np.argsort(np.argsort(x)).astype(np.float64) for x in (a, b)]
+    return float(np.corrcoef(*ranks)[0, 1])
 
 
 def reward_gpus(size: DictConfig, device: str) -> int:
@@ -74,8 +111,30 @@ def reward_gpus(size: DictConfig, device: str) -> int:
     return visible if size.gpus is None else min(int(size.gpus), visible)
 
 
+def bench_sizes(cfg: DictConfig, device: str) -> DictConfig:
+    """`sizes` (`sizes_cpu` on CPU), with a judge's own keys over them for bench.reward=vlm_judge."""
+    if cfg.reward not in REWARDS:
+        raise ConfigError(f"bench.reward={cfg.reward!r} is not a farm reward", f"set bench.reward={' or '.join(REWARDS)}")
+    if cfg.precision is not None and (cfg.reward != "clip" or cfg.precision != "fp8" or device != "cuda"):
+        raise ConfigError(f"bench.precision={cfg.precision} with bench.reward={cfg.reward} on {device}: only the CLIP "
+                          "tower has an fp8 precision, on an Ada or Hopper GPU", "drop bench.precision, or run "
+                          "bench.reward=clip bench.precision=fp8 with device=cuda")
+    size = sizes(cfg, device)
+    if cfg.reward != "vlm_judge":
+        return size
+    judge = cfg.judge_cpu if device == "cpu" else cfg.judge
+    return OmegaConf.merge(*(OmegaConf.to_container(node, resolve=True) for node in (size, judge)))  # new keys too
+
+
 def image_size(shape: str) -> int:
-    return int(SHAPES[shape][0]["image_size"])
+    return int((JUDGE_SHAPES if is_shape(shape) else SHAPES)[shape][0]["image_size"])
+
+
+def judge_reward_cfg(cfg: DictConfig, shape: str, size: DictConfig) -> dict:
+    """conf/reward/vlm_judge.yaml for a random-weight shape (built on each labeler's device), frames at its input size."""
+    reward = OmegaConf.load(CONF_DIR / "reward" / "vlm_judge.yaml")
+    reward.model, reward.frame_size, reward.max_batch, reward.dtype = shape, image_size(shape), int(size.max_batch), cfg.dtype
+    return OmegaConf.to_container(reward, resolve=True)
 
 
 def clip_reward_cfg(cfg: DictConfig, model: Path, shape: str, size: DictConfig, device: str) -> dict:
@@ -90,19 +149,36 @@ def frames(n: int, side: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=(n, side, side, 3), dtype=np.uint8)
 
 
-def direct_and_inline(reward_cfg: dict, size: DictConfig, device: str) -> tuple[float, float]:
-    """(inline img/s at batch 1, direct img/s at batch `size.batch`) of one model in this process."""
+def varied_frames(n: int, side: int, seed: int = 1) -> np.ndarray:
+    """Frames that differ as a scene's do (each its own colour and brightness, plus pixel noise): a tower's rewards of
+    pure noise frames hardly differ, so any precision's rounding would reorder them."""
+    rng = np.random.default_rng(seed)
+    colour = rng.uniform(0, 255, size=(n, 1, 1, 3))
+    noise = rng.normal(0, 24, size=(n, side, side, 3))
+    return np.clip(colour + noise, 0, 255).astype(np.uint8)
+
+
+def direct_and_inline(reward_cfg: dict, size: DictConfig, device: str, probe: np.ndarray | None = None
+                      ) -> tuple[float, float, np.ndarray | None]:
+    """(inline img/s at batch 1, direct img/s at batch `size.batch`, its rewards of the `probe` frames if given) of
+    one model in this process."""
     model = instantiate(reward_cfg)
     model.setup("cuda:0" if device == "cuda" else "cpu")
-    batch = {"frames": frames(int(size.batch), reward_cfg["frame_size"])}
-    calls = int(size.direct_batches)
-    direct = median_rate(lambda: [model(batch) for _ in range(calls)], calls * int(size.batch), device,
-                         repeats=int(size.repeats))
-    singles = [{"frames": batch["frames"][i:i + 1]} for i in range(int(size.inline_frames))]
+    direct = direct_rate(model, size, device, reward_cfg["frame_size"])
+    singles = [{"frames": one} for one in frames(int(size.inline_frames), reward_cfg["frame_size"])[:, None]]
     inline = median_rate(lambda: [model(one) for one in singles], len(singles), device, repeats=int(size.repeats))
+    probe_rewards = None if probe is None else model({"frames": probe})
     del model
     release_gpu_memory(device)
-    return inline, direct
+    return inline, direct, probe_rewards
+
+
+def direct_rate(model, size: DictConfig, device: str, side: int) -> float:
+    """img/s of `direct_batches` calls on `batch` frames each, preloaded in host memory."""
+    batch = {"frames": frames(int(size.batch), side)}
+    calls = int(size.direct_batches)
+    return median_rate(lambda: [model(batch) for _ in range(calls)], calls * int(size.batch), device,
+                       repeats=int(size.repeats))
 
 
 def release_gpu_memory(device: str) -> None:

@@ -6,7 +6,9 @@ directory, no log file; and it checks only what placement reads (keys and the to
 would build (importing them, torch among them, is most of a run's start-up)."""
 from __future__ import annotations
 
-from omegaconf import DictConfig
+import logging
+
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
@@ -16,7 +18,7 @@ from rlfarm.commands.common import check_local_cluster, compose_checked_with
 from rlfarm.config import check_known_keys
 from rlfarm.errors import RlfarmError
 from rlfarm.families import family_of
-from rlfarm.topology import PlacedTopology, describe, gpu_share_label, plan_topology
+from rlfarm.topology import PlacedTopology, describe, gpu_share_label, plan_topology, render_gpus_beside
 
 
 NOTHING_WRITTEN = ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=stdout"]
@@ -61,13 +63,29 @@ def task(cfg: DictConfig) -> list[dict]:
             placed = PlacedTopology(plan, float(cfg.ray.ready_timeout_s))
             rows = placements_with_gpu_ids(plan, placed)
             placed.remove()
+            renders_on = render_column(OmegaConf.select(cfg, "env.render_gpus"), rows)
     except RlfarmError as error:
         fail(error)
     table = Table(title=describe(plan), title_justify="left")
-    for column in ("role", "pool", "GPU share", "CPUs", "GPU ids", "node"):
+    for column in ("role", "pool", "GPU share", "CPUs", "GPU ids", "renders on", "node"):
         table.add_column(column)
-    for row, p in zip(rows, plan.placements):
+    for row, p, render in zip(rows, plan.placements, renders_on):
         table.add_row(f"{row['role']}[{row['index']}]", row["pool"] or "-", gpu_share_label(p), f"{row['cpus']:g}",
-                      ",".join(row["gpu_ids"]) or "-", row["node"])
+                      ",".join(row["gpu_ids"]) or "-", render, row["node"])
     Console().print(table)
     return rows
+
+
+def render_column(requested: list[int] | None, rows: list[dict]) -> list[str]:
+    """Per row, the GPU a runner draws its frames on through EGL when the reward needs frames (as a run chooses it,
+    rlfarm.topology.render_layout); "-" for other roles. Logs the run's warning when renderers share a learner's GPU."""
+    import ray
+
+    learners = {int(gpu) for row in rows if row["role"] == "learner" for gpu in row["gpu_ids"]}
+    gpus, warning = render_gpus_beside(list(requested) if requested is not None else None, learners)
+    if warning:
+        logging.getLogger("rlfarm").warning(warning)
+    node_gpus = int(ray.cluster_resources().get("GPU", 0))
+    spread = gpus or list(range(node_gpus))
+    return [("GPU " + str(spread[row["index"] % len(spread)]) if spread else "CPU (software GL)")
+            if row["role"] == "env_runner" else "-" for row in rows]

@@ -37,12 +37,15 @@ def limit_software_rendering(threads: int) -> None:
 
 def spread_rendering(index: int, render_gpus: list[int] | None = None) -> None:
     """Runners render headless through EGL; left alone, every runner draws on GPU 0 and it becomes the
-    bottleneck (docs/benchmarks.md, split_1_3). Spread them over `render_gpus`, or over all of the node's GPUs.
-    Runners hold no CUDA share, so count the device files, not CUDA. Call after `headless_rendering`."""
+    bottleneck (docs/benchmarks.md, split_1_3). Spread them over `render_gpus` (the driver's choice:
+    rlfarm.topology.render_layout), or over all of the node's GPUs. Runners hold no CUDA share, so count the device
+    files, not CUDA; a node without them renders in software (Mesa), whatever GPUs Ray was told it has.
+    Call after `headless_rendering`."""
     if os.environ.get("MUJOCO_GL") != "egl" or "MUJOCO_EGL_DEVICE_ID" in os.environ:
         return
-    gpus = list(render_gpus or range(len(glob.glob("/dev/nvidia[0-9]*"))))
-    if gpus:
+    devices = len(glob.glob("/dev/nvidia[0-9]*"))
+    if devices:
+        gpus = list(render_gpus or range(devices))
         os.environ["MUJOCO_EGL_DEVICE_ID"] = str(gpus[index % len(gpus)])
 
 

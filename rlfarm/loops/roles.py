@@ -15,7 +15,7 @@ from rlfarm.roles.env_runner import EnvRunner
 from rlfarm.roles.actor_learner import ActorLearner
 from rlfarm.roles.labeler import Labeler
 from rlfarm.roles.sac_learner import SACLearner
-from rlfarm.topology import PlacedTopology
+from rlfarm.topology import PlacedTopology, render_gpus_for_runners
 
 log = logging.getLogger("rlfarm")
 
@@ -86,6 +86,9 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
     kwargs = as_dict(cfg.env.kwargs) if cfg.env.get("kwargs") else {}
     spaces = env_policy_dims(str(cfg.env.id), kwargs)  # before any actor: a bad env fails here, in one line
     learner_class = LEARNERS[str(algo.name)]
+    env_cfg = as_dict(cfg.env)
+    if frame_size is not None:  # runners render: off the learner's GPU where the topology leaves one free
+        env_cfg["render_gpus"] = render_gpus_for_runners(env_cfg.get("render_gpus"), placed, float(cfg.run.restart_timeout_s))
     learners = start_learner_ranks(learner_class, placed, (as_dict(algo), as_dict(cfg.model), spaces, int(cfg.seed)))
     ranks = learners.ranks
     runner_places = plan.of("env_runner")
@@ -93,7 +96,7 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
     behaviour = learner_class is ActorLearner  # V-trace needs log μ(a|s) of every action
     runners = [
         ray.remote(EnvRunner).options(**placed.options(p), max_concurrency=CONCURRENCY, **restartable).remote(
-            p.index, as_dict(cfg.env), as_dict(cfg.model.actor), needs, frame_size, int(cfg.seed),
+            p.index, env_cfg, as_dict(cfg.model.actor), needs, frame_size, int(cfg.seed),
             int(algo.chunk_steps), int(algo.credits), random_steps, p.threads, frame_stack, behaviour)
         for p in runner_places]
     labelers = [

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from rlfarm.rewards.base import OnDevice, Pending, RewardModel, RewardModelError
+from rlfarm.rewards.fp8 import require_fp8, to_fp8
 from rlfarm.rewards.graphed import GraphedRows
 from rlfarm.rewards.staging import StagedUpload, as_parts, sub_batches
 
@@ -33,6 +34,21 @@ def goal_baseline_reward(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor, alph
     return 1 - 0.5 * ((x - g) @ projection).pow(2).sum(dim=-1)
 
 
+def clip_pixels(frames: torch.Tensor, image_size: int, mean: torch.Tensor, std: torch.Tensor,
+                dtype: torch.dtype) -> torch.Tensor:
+    """[n, H, W, 3] uint8 → [n, 3, S, S] normalized pixels in `dtype` (CLIP's center crop + resize, on the frames'
+    device); mean, std: [1, 3, 1, 1]."""
+    pixels = frames.permute(0, 3, 1, 2).float() / 255
+    height, width = pixels.shape[-2:]
+    side = min(height, width)
+    top, left = (height - side) // 2, (width - side) // 2
+    pixels = pixels[..., top : top + side, left : left + side]
+    if side != image_size:
+        pixels = F.interpolate(pixels, size=(image_size, image_size), mode="bicubic", antialias=True,
+                               align_corners=False)
+    return ((pixels - mean) / std).to(dtype)
+
+
 class ClipReward(RewardModel):
     """Goal-baseline CLIP reward of rendered frames.
 
@@ -47,6 +63,8 @@ class ClipReward(RewardModel):
     cuda_graphs: capture preprocessing, tower and reward as CUDA graphs in `setup`, one per sub-batch size class
         (rlfarm/rewards/graphed.py; CUDA only): a sub-batch is one launch, not hundreds, so a labeler that shares its
         host with many runners keeps its GPU fed.
+    precision: null (weights in `dtype`) or fp8: the image tower's linear layers in FP8 (rlfarm/rewards/fp8.py; Ada or
+        Hopper GPUs only), compiled whatever `compile` says (the activations' quantization must be fused).
     """
 
     needs = ("frames",)
@@ -63,6 +81,7 @@ class ClipReward(RewardModel):
         compile: bool = False,
         max_batch: int = 512,
         cuda_graphs: bool = True,
+        precision: str | None = None,
     ):
         self.model = model
         self.goal_prompts = list(goal_prompts)
@@ -73,10 +92,15 @@ class ClipReward(RewardModel):
         self.compile = compile
         self.max_batch = max_batch
         self.cuda_graphs = cuda_graphs
+        if precision not in (None, "fp8"):
+            raise RewardModelError(f"reward.precision={precision!r} is not a tower precision; set it to null or fp8")
+        self.precision = precision
         self._clip = None
 
     def setup(self, device: str) -> None:
         self._device = torch.device(device)
+        if self.precision == "fp8":
+            require_fp8(self._device)  # before seconds of loading
         on_cuda = self._device.type == "cuda"
         self._dtype = getattr(torch, self.dtype) if on_cuda else torch.float32
         clip, tokenizer = _load(self.model)
@@ -93,10 +117,12 @@ class ClipReward(RewardModel):
                 f"goal and baseline prompts embed identically ({self.goal_prompts} vs {self.baseline_prompts}); "
                 "make reward.goal_prompts describe the task and reward.baseline_prompts only the scene"
             )
+        if self.precision == "fp8":
+            to_fp8(self._clip, only=("vision_model", "visual_projection"))  # the text tower ran once, above
         self._upload = StagedUpload(self._device, self.max_batch)
         self._image_tower = self._embed_pixels
         self._rewards_of = self._frame_rewards
-        if self.compile and on_cuda:
+        if (self.compile or self.precision == "fp8") and on_cuda:
             self._image_tower = torch.compile(self._embed_pixels)
             self._compile_now()
         if self.cuda_graphs and on_cuda:
@@ -140,16 +166,7 @@ class ClipReward(RewardModel):
         return goal_baseline_reward(F.normalize(x, dim=-1), self._goal, self._baseline, self.alpha)
 
     def _preprocess(self, frames: torch.Tensor) -> torch.Tensor:
-        """[n, H, W, 3] uint8 → [n, 3, S, S] normalized pixels in the model's dtype (CLIP's center crop + resize)."""
-        pixels = frames.permute(0, 3, 1, 2).float() / 255
-        height, width = pixels.shape[-2:]
-        side = min(height, width)
-        top, left = (height - side) // 2, (width - side) // 2
-        pixels = pixels[..., top : top + side, left : left + side]
-        if side != self._image_size:
-            size = (self._image_size, self._image_size)
-            pixels = F.interpolate(pixels, size=size, mode="bicubic", antialias=True, align_corners=False)
-        return ((pixels - self._mean) / self._std).to(self._dtype)
+        return clip_pixels(frames, self._image_size, self._mean, self._std, self._dtype)
 
     def _embed_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
         """[n, 3, S, S] → [n, D] image embeddings (not normalized)."""

@@ -67,3 +67,44 @@ def test_labeler_bench_on_gpu_small():
     rows = {row["case"]: row for row in labeler.run(cfg.bench, "cuda")}
     assert rows["tiny farm per GPU"]["gpus"] == 1 and rows["tiny farm per GPU"]["labelers"] == 2
     assert all(row["value"] > 0 for row in rows.values())
+
+
+def test_judge_bench_takes_its_own_sizes_and_a_judge_reward_of_each_shape():
+    """bench.reward=vlm_judge: the judge's keys over the sizes, a reward config the labelers build on their device."""
+    from hydra.utils import instantiate
+
+    from rlfarm.bench.labeler import bench_sizes, image_size, judge_reward_cfg
+    from rlfarm.errors import ConfigError
+
+    cfg = compose("bench", ["bench=labeler", "bench.reward=vlm_judge"]).bench
+    gpu, cpu = bench_sizes(cfg, "cuda"), bench_sizes(cfg, "cpu")
+    assert list(gpu.shapes) == ["qwen2-vl-2b_shape", "llava-1.5-7b_shape"] and gpu.labelers_per_gpu == 2
+    assert list(cpu.shapes) == ["tiny_shape"] and cpu.labelers == 1
+    assert [image_size(shape) for shape in gpu.shapes] == [224, 336]
+    reward = instantiate(judge_reward_cfg(cfg, "llava-1.5-7b_shape", gpu))
+    assert (reward.model, reward.frame_size, reward.max_batch, reward.dtype) == ("llava-1.5-7b_shape", 336, 32, "bfloat16")
+    with pytest.raises(ConfigError, match="bench.reward='blip' is not a farm reward"):
+        bench_sizes(compose("bench", ["bench=labeler", "bench.reward=blip"]).bench, "cpu")
+
+
+@pytest.mark.gpu
+def test_judge_bench_on_gpu_small():
+    from rlfarm.bench import labeler
+
+    cfg = compose("bench", ["bench=labeler", "bench.reward=vlm_judge", "bench.judge.shapes=[tiny_shape]",
+                            "bench.judge.window_s=2", "bench.sizes.gpus=1"])
+    rows = {row["case"]: row for row in labeler.run(cfg.bench, "cuda")}
+    assert rows["tiny_shape farm per GPU"]["gpus"] == 1 and all(row["value"] > 0 for row in rows.values())
+
+
+def test_rank_agreement_and_the_fp8_option_on_cpu():
+    import numpy as np
+
+    from rlfarm.bench.labeler import bench_sizes, rank_correlation
+    from rlfarm.errors import ConfigError
+
+    a = np.random.default_rng(0).normal(size=1000)
+    assert rank_correlation(a, np.exp(a)) == pytest.approx(1.0)  # order kept: 1 whatever the scale
+    assert rank_correlation(a, -a) == pytest.approx(-1.0)
+    with pytest.raises(ConfigError, match="only the CLIP tower has an fp8 precision"):
+        bench_sizes(compose("bench", ["bench=labeler", "bench.precision=fp8"]).bench, "cpu")

@@ -58,6 +58,8 @@ def test_plan_with_declared_gpus_prints_gpu_ids():
     learner_row = next(line for line in lines if "learner[0]" in line)
     assert len(labeler_rows) == 6 and all("reward" in row for row in labeler_rows)
     assert "train" in learner_row
+    runner_rows = [line for line in lines if "env_runner[" in line]  # rendering off the learner's GPU (issue 36)
+    assert len(runner_rows) == 8 and all("GPU 1" in row or "GPU 2" in row or "GPU 3" in row for row in runner_rows)
 
 
 def test_clip_reward_on_rendered_halfcheetah_through_the_pipeline(tmp_path):
