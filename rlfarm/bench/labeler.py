@@ -16,6 +16,8 @@ per GPU, next to the direct figure of one GPU.
 from __future__ import annotations
 
 import gc
+import json
+import logging
 import tempfile
 from contextlib import nullcontext
 from pathlib import Path
@@ -39,6 +41,7 @@ from rlfarm.roles.labeler import Labeler
 from rlfarm.topology import plan_topology
 from rlfarm.telemetry.gpu_busy import GpuBusySampler, nvml_available
 
+log = logging.getLogger("rlfarm")
 REWARDS = ("clip", "vlm_judge")
 OBS_DIM, ACT_DIM = 8, 2  # what the learner stores beside the frames: small, as for a MuJoCo task
 
@@ -55,6 +58,7 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
         frame = image_size(size.shapes[0])
         rows.append(producers_alone(size, topology, frame))
         for shape in size.shapes:
+            shown = len(rows)
             if cfg.reward == "vlm_judge":
                 reward_cfg = judge_reward_cfg(cfg, shape, size)
             else:
@@ -77,6 +81,8 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
                          "batch": int(size.batch), "gpus": gpus, "labelers": labelers,
                          "farm_img_per_s": farm["img_per_s"], "vs_inline": per_gpu / inline,
                          **{k: v for k, v in farm.items() if k != "img_per_s"}})
+            for row in rows[shown:]:  # as they come: a GPU run cut short by its time limit keeps the shapes done
+                log.info("bench row: %s", json.dumps(row))
     return rows
 
 
