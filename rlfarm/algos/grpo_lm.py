@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from rlfarm.algos.grpo import grpo_loss
+from rlfarm.algos.micro_batches import padded_pieces, piece_rows
 from rlfarm.algos.ppo import approx_kl, clip_fraction, masked_mean
 from rlfarm.data import Rollout
-from rlfarm.algos.micro_batches import padded_pieces, piece_rows
 from rlfarm.data_parallel import full_value, gradient_sync
 from rlfarm.models.lm import autocast_to, sequence_logprobs
 from rlfarm.settings import check_ranges
