@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from rlfarm.algos.grpo import grpo_loss
+from rlfarm.algos.micro_batches import padded_pieces, piece_rows
 from rlfarm.algos.ppo import approx_kl, clip_fraction, masked_mean
 from rlfarm.data import Rollout
 from rlfarm.data_parallel import full_value, gradient_sync
@@ -52,6 +53,7 @@ class GRPOConfig:
     filter_groups: bool = True    # DAPO dynamic sampling: drop groups whose rewards are all equal
     minibatches: int = 1          # optimizer steps per rollout
     micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None: a whole minibatch
+                                         # of a step that kept every group
     data_parallel: str = "ddp"    # a learner of > 1 GPUs: ddp (whole model per rank) | fsdp (weights, grads, AdamW sharded)
     advantage: str = "grpo"       # grpo: group-normalized rewards | gae: a critic and token-level GAE (algo=ppo_lm)
     gamma: float = 1.0            # gae only: discount over response tokens
@@ -74,7 +76,9 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
 
     Every loss term is a token sum divided by the token count of the whole minibatch, so the pieces a
     minibatch is cut into add up to exactly its gradient:
-    - gradient accumulation (`cfg.micro_batch_size` rows per forward/backward, one optimizer step);
+    - gradient accumulation (`cfg.micro_batch_size` rows per forward/backward, one optimizer step), in pieces of one
+      size whatever the number of rows the step kept, the last padded with zero-weight rows
+      (`rlfarm.algos.micro_batches`: a new shape costs a GPU far more than the padding);
     - data parallel (world_size > 1, `model` under DDP or FSDP, see rlfarm/data_parallel.py): every rank holds the
       whole rollout, uses rank 0's permutation and takes its shard of each minibatch; its loss is multiplied by
       N (the gradients are averaged over the ranks), and the metrics are summed over the ranks.
@@ -92,12 +96,16 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
     # runs: its detached logprobs are the anchor, and no extra forward pass is paid (`anchored_here`).
     old_logprobs, is_weights, correction = engine_logprobs, None, {}
     anchored_here = cfg.is_correction != "none" and cfg.minibatches == 1
+    # pieces of one size whatever the number of rows kept (`rlfarm.algos.micro_batches`)
+    size = piece_rows(max(len(input_ids), cfg.prompts_per_step * cfg.group_size), cfg.minibatches, world_size,
+                      cfg.micro_batch_size)
     if cfg.is_correction != "none" and not anchored_here:
-        rows_per_pass = cfg.micro_batch_size or -(-len(input_ids) // cfg.minibatches)  # the update's own sizes
+        every = torch.arange(len(input_ids), device=device)
         with torch.no_grad(), autocast_to(device, compute_dtype):
             old_logprobs = torch.cat([sequence_logprobs(model, input_ids[rows], attention_mask[rows], response_start,
                                                         rollout.temperature).float()
-                                      for rows in torch.arange(len(input_ids), device=device).split(rows_per_pass)])
+                                      for rows, _ in padded_pieces(every, torch.ones_like(every), size)])
+        old_logprobs = old_logprobs[:len(input_ids)]  # the padding rows come last
         is_weights, capped = truncated_is_weights(old_logprobs, engine_logprobs, response_mask, cfg.is_correction,
                                                   cfg.is_cap)
         correction = {"is_capped_fraction": float(capped)}
@@ -119,8 +127,7 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
         optimizer.zero_grad(set_to_none=True)
         # token sums over this rank's rows of loss, clipped and KL; then |Δ log p| and KL against the engine
         sums = torch.zeros(6, device=device)  # ... and the tokens whose importance weight was capped
-        micro = cfg.micro_batch_size or len(mine)
-        pieces = list(zip(mine.split(micro), weights.split(micro)))
+        pieces = padded_pieces(mine, weights, size)
         for k, (part, part_weights) in enumerate(pieces):
             mask = response_mask[part] * part_weights.unsqueeze(1)
             # DDP / FSDP meet the other ranks once, after the last piece

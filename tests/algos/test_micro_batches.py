@@ -1,0 +1,72 @@
+"""An LLM update's forward/backward pieces keep few shapes whatever the number of groups dynamic sampling kept
+(issue 35 item 5: a GPU pays once per new shape, so a step that dropped groups updated slower than a full one),
+and the padding that makes the shapes changes no gradient."""
+import copy
+import dataclasses
+
+import torch
+
+from rlfarm.algos.grpo import group_advantages
+from rlfarm.algos.grpo_lm import TINY_QWEN2, GRPOConfig, update_policy
+from rlfarm.algos.micro_batches import ROW_BUCKETS, padded_pieces, piece_rows
+from rlfarm.data import Rollout
+from rlfarm.envs.text_tasks import DigitTask
+from rlfarm.models.lm import causal_lm, sequence_logprobs
+
+
+def test_pieces_cover_every_row_once_in_few_shapes_and_in_proportion():
+    size = piece_rows(full_rows=32, minibatches=1, world_size=1, micro_batch_size=None)
+    assert size == 32 and piece_rows(32, 2, 2, None) == 8 and piece_rows(32, 1, 1, 6) == 6
+    shapes = set()
+    for kept in range(1, 33):
+        rows = torch.randperm(64)[:kept]
+        pieces = padded_pieces(rows, torch.ones(kept), size)
+        real = torch.cat([part[weights > 0] for part, weights in pieces])
+        assert torch.equal(real, rows)  # every row once, in order, weighted 1; the padding weighted 0
+        padded = sum(len(part) for part, _ in pieces)
+        assert kept <= padded < kept + size / ROW_BUCKETS  # the rows computed follow the rows kept
+        shapes |= {len(part) for part, _ in pieces}
+    assert len(shapes) <= ROW_BUCKETS
+    micro = [len(part) for part, _ in padded_pieces(torch.arange(13), torch.ones(13), 6)]
+    assert micro == [6, 6, 1]  # micro-batches of 6, the last bucketed by ceil(6 / 8) = 1 row
+
+
+def _random_rollout(model, prompts, group_size, response_len=5):
+    """Responses of random tokens and lengths, with the model's own logprobs (cheaper than generating)."""
+    prompts = prompts.repeat_interleave(group_size, dim=0)
+    responses = torch.randint(0, model.config.vocab_size, (len(prompts), response_len))
+    mask = (torch.arange(response_len) < torch.randint(1, response_len + 1, (len(prompts), 1))).long()
+    with torch.no_grad():
+        logprobs = sequence_logprobs(model, torch.cat([prompts, responses], 1),
+                                     torch.cat([torch.ones_like(prompts), mask], 1), prompts.shape[1]) * mask
+    return Rollout(prompts, torch.ones_like(prompts), responses * mask, mask, logprobs, group_size, 1.0, 0)
+
+
+def test_an_update_runs_few_shapes_over_any_kept_group_count_and_padding_changes_no_gradient(one_torch_thread):
+    cfg = GRPOConfig(prompts_per_step=16, group_size=2, seed=0)
+    torch.manual_seed(cfg.seed)
+    task = DigitTask(cfg.task, cfg.num_digits, seed=cfg.seed)
+    model = causal_lm({**TINY_QWEN2, "vocab_size": task.tokenizer.vocab_size}).eval()
+    rollout = _random_rollout(model, torch.tensor(task.sample(cfg.prompts_per_step).prompt_ids), cfg.group_size)
+    advantages, _ = group_advantages(torch.tensor([0.0, 1.0]).repeat(cfg.prompts_per_step), cfg.group_size)
+    batch_rows = []
+    model.register_forward_pre_hook(lambda _, args, kwargs: batch_rows.append(kwargs["input_ids"].shape[0]),
+                                    with_kwargs=True)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)  # the shapes only: the policy stays as it is
+    for kept in range(1, cfg.prompts_per_step + 1):
+        keep = torch.arange(cfg.prompts_per_step) < kept
+        update_policy(model, sgd, rollout.select_groups(keep), advantages[:kept * cfg.group_size], cfg)
+    assert len(set(batch_rows)) <= ROW_BUCKETS, sorted(set(batch_rows))  # 16 kept-group counts, 8 shapes at most
+
+    # 5 groups (10 rows) run as 12 rows, 2 of them padding: the same step as 10 rows alone
+    keep = torch.arange(cfg.prompts_per_step) < 5
+    kept, kept_advantages = rollout.select_groups(keep), advantages[:10]
+    padded, exact = copy.deepcopy(model), copy.deepcopy(model)
+    batch_rows.clear()
+    update_policy(padded, torch.optim.SGD(padded.parameters(), lr=1.0), kept, kept_advantages, cfg)
+    update_policy(exact, torch.optim.SGD(exact.parameters(), lr=1.0), kept, kept_advantages,
+                  dataclasses.replace(cfg, micro_batch_size=10))
+    assert batch_rows == [12, 10]
+    for (name, a), b in zip(padded.named_parameters(), exact.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), name
+    assert any(not torch.equal(a, b) for a, b in zip(padded.parameters(), model.parameters()))
