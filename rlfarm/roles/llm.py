@@ -34,6 +34,7 @@ import torch
 
 from rlfarm.algos.grpo import group_advantages
 from rlfarm.algos.grpo_lm import GRPOConfig, rollout_metrics, update_policy
+from rlfarm.algos.versions import version_metrics
 from rlfarm.data import Rollout, concat_rollouts
 from rlfarm.data_parallel import full_tensors, is_sharded, join_data_parallel, shard_model, wrap_data_parallel
 from rlfarm.engines.base import load_into
@@ -89,10 +90,13 @@ class EngineRole:
     rollout): every engine draws the step's prompts from the same stream and generates prompts
     index·P/count … (index+1)·P/count − 1 of them; its samples' noise is keyed by their index in the step (`Rows`,
     `rlfarm.engines.noise`). From the same seed the engines' parts of every step, joined in index order, are what
-    one engine generates (as far as the arithmetic of different batch sizes allows)."""
+    one engine generates (as far as the arithmetic of different batch sizes allows).
+    engine: options of the built-in engine (`HFEngine`), e.g. {"synthetic_lengths": ...} (a speed-run setting).
+    Partial rollouts: the driver sends `receive_weights` in the "sync" concurrency group; it then runs while a
+    generation is in flight and enters it between decode steps (`HFEngine.gate`)."""
 
     def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32", task: TextTaskSpec | None = None,
-                 shard: tuple[int, int] = (0, 1)):
+                 shard: tuple[int, int] = (0, 1), engine: dict | None = None):
         limit_threads(threads)
         self.cfg = cfg
         self.index, self.count = shard
@@ -102,7 +106,8 @@ class EngineRole:
         self.task = text_task(self.spec)
         device = assigned_device()
         policy = _policy(cfg).to(compute_dtype(dtype, device))
-        self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed)
+        self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed,
+                               **(engine or {}))
         self.max_new_tokens = cfg.max_new_tokens or self.task.max_new_tokens
         self.receiver: WeightReceiver = PassThroughReceiver()  # the object store, until `open_sync` picks another
         self.stages = StageClock("generate", "receive")
@@ -155,13 +160,17 @@ class EngineRole:
             return self._receive(published)
 
     def _receive(self, box: list) -> int:
+        """The weights are written between decode steps of a generation in flight, if any (`gate`); a host
+        transport's payload (its ref) is read first."""
         if self.receiver.meets_sender:
-            load_into(self.engine, self.receiver, None, self.engine.weight_version)
-            _, version = ray.get(box[0])
+            with self.engine.gate.swapping():
+                load_into(self.engine, self.receiver, None, self.engine.weight_version)
+                _, version = ray.get(box[0])
+                self.engine.weight_version = version
         else:
             sent, version = ray.get(box[0])
-            load_into(self.engine, self.receiver, sent, version)
-        self.engine.weight_version = version
+            with self.engine.gate.swapping():
+                load_into(self.engine, self.receiver, sent, version)
         return version
 
     def sleep(self) -> None:
@@ -330,7 +339,7 @@ class LMLearner:
     def update(self, generated: tuple[Rollout, list[str]], rewards: np.ndarray) -> dict:
         rollout, _ = generated
         rewards = np.array(rewards)  # the object store hands out read-only arrays
-        staleness = {"staleness": self.version - rollout.weight_version}
+        staleness = version_metrics(rollout, self.version)  # staleness, partial_ratio, version spans
         if self.critic is not None:  # PPO: every sample counts, advantages per token from the critic
             every = torch.ones(len(rewards) // self.cfg.group_size, dtype=torch.bool)
             targets = self.critic.targets(rollout, rewards)
