@@ -19,7 +19,7 @@ def version_metrics(rollout: Rollout, learner_version: int) -> dict[str, float]:
     versions = rollout.versions()
     newest = versions.masked_fill(~valid, torch.iinfo(versions.dtype).min).amax(dim=1)
     oldest = versions.masked_fill(~valid, torch.iinfo(versions.dtype).max).amin(dim=1)
-    span = (newest - oldest).clamp(min=0).float()  # an empty sample spans nothing
+    span = torch.where(valid.any(dim=1), newest - oldest, 0).float()  # an empty sample spans nothing
     tokens = valid.sum().clamp(min=1)
     return {"staleness": learner_version - rollout.weight_version,
             "token_staleness_mean": float((learner_version - versions)[valid].sum() / tokens),
