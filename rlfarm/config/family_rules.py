@@ -128,10 +128,13 @@ def check_text_policy(cfg: DictConfig) -> None:
                               f"{cfg.topology.name} puts them apart", "use topology=colocated, or algo.weight_sync=auto")
     lengths = cfg.algo.get("synthetic_lengths")
     if lengths:  # a speed-run setting; the model's own range check, here before Ray starts
-        unknown = sorted(set(lengths) - {"median_frac", "p99_frac"})
-        median, p99 = float(lengths.get("median_frac", 1 / 3)), float(lengths.get("p99_frac", 1.0))
+        mapping = isinstance(lengths, DictConfig)
+        unknown = sorted(set(lengths) - {"median_frac", "p99_frac"}) if mapping else ["?"]
+        median, p99 = (float(lengths.get("median_frac", 1 / 3)), float(lengths.get("p99_frac", 1.0))) if mapping \
+            else (1, 0)
         if unknown or not 0 < median < p99:
-            raise ConfigError(f"algo.synthetic_lengths={OmegaConf.to_container(lengths)} is not a length model "
+            shown = OmegaConf.to_container(lengths) if mapping else lengths
+            raise ConfigError(f"algo.synthetic_lengths={shown} is not a length model "
                               "(keys median_frac, p99_frac with 0 < median_frac < p99_frac)",
                               "e.g. 'algo.synthetic_lengths={median_frac:0.333,p99_frac:1.0}', or null")
     if task == "prompts":

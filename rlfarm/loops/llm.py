@@ -28,12 +28,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import ray
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.algos.grpo_lm import GRPOConfig
+from rlfarm.engines.synthetic_lengths import synthetic_lengths
 from rlfarm.envs.text_tasks import TextTaskSpec
 from rlfarm.errors import ConfigError
 from rlfarm.loops.deadlines import WATCH, RoleDied, Watched, died
@@ -126,9 +127,10 @@ class LLMLoop(SyncLoop):
         restartable = {"max_restarts": int(run_cfg.max_restarts), "max_task_retries": 0}
         self.max_staleness = int(cfg.algo.get("max_staleness", 0))
         self.partial = self.max_staleness > 0 and bool(cfg.algo.get("partial_rollouts", True))
-        self.synthetic_lengths = OmegaConf.to_container(cfg.algo.get("synthetic_lengths"), resolve=True) \
-            if cfg.algo.get("synthetic_lengths") else None
-        engine_options = {"synthetic_lengths": self.synthetic_lengths}
+        lengths = synthetic_lengths(OmegaConf.to_container(cfg.algo.synthetic_lengths)
+                                    if cfg.algo.get("synthetic_lengths") else None)  # a mapping (`check_text_policy`)
+        self.synthetic_lengths = asdict(lengths) if lengths else None  # a speed-run setting: the summary says so
+        engine_options = {"synthetic_lengths": lengths}
         self.engines = [
             ray.remote(concurrency_groups={**WATCH, "sync": 1})(EngineRole).options(
                 **placed.options(place), **restartable).remote(
