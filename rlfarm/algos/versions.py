@@ -6,6 +6,10 @@ ones loaded into its engine while it was generated, `Rollout.token_versions`).
 - token_staleness_mean: the same per generated token, averaged (how far behind the tokens trained on really are);
 - partial_ratio: the share of samples whose tokens span more than one version (verl's `partial_ratio`);
 - version_span_mean / _max: newest minus oldest version within a sample, over the samples.
+
+The importance correction (`grpo_lm.update_policy`, `truncated_is_weights`) needs no version of its own: each token's
+behaviour log-prob (`Rollout.logprobs`) is the one its engine sampled it from, under the version stamped on it, so
+token_tis's learner/engine ratio is taken per token against the version that sampled it (seq_tis multiplies them).
 """
 from __future__ import annotations
 
