@@ -91,9 +91,8 @@ class EngineRole:
     index·P/count … (index+1)·P/count − 1 of them; its samples' noise is keyed by their index in the step (`Rows`,
     `rlfarm.engines.noise`). From the same seed the engines' parts of every step, joined in index order, are what
     one engine generates (as far as the arithmetic of different batch sizes allows).
-    engine: options of the built-in engine (`HFEngine`), e.g. {"synthetic_lengths": ...} (a speed-run setting).
-    Partial rollouts: the driver sends `receive_weights` in the "sync" concurrency group; it then runs while a
-    generation is in flight and enters it between decode steps (`HFEngine.gate`)."""
+    engine: `HFEngine` options (synthetic_lengths: a speed-run setting). Partial rollouts: `receive_weights` sent
+    in the "sync" concurrency group runs beside a generation and enters it between decode steps (`HFEngine.gate`)."""
 
     def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32", task: TextTaskSpec | None = None,
                  shard: tuple[int, int] = (0, 1), engine: dict | None = None):
@@ -163,8 +162,7 @@ class EngineRole:
             self.stages.add("receive", time.perf_counter() - started)
 
     def _receive(self, box: list) -> int:
-        """The weights are written between decode steps of a generation in flight, if any (`gate`); a host
-        transport's payload (its ref) is read first."""
+        """The weights go in between decode steps of a generation in flight, if any (`gate`)."""
         if self.receiver.meets_sender:
             with self.engine.gate.swapping():
                 load_into(self.engine, self.receiver, None, self.engine.weight_version)
