@@ -71,6 +71,7 @@ class HFEngine(Engine):
         self.pad_id, self.stop_check_every = pad_id, stop_check_every
         self.weight_version = 0
         self.gate = WeightGate()  # where a weight sync enters a generation in flight
+        self.pauses = 0  # pause points passed (where a sync may enter), over all calls
         self._named: dict[str, torch.Tensor] | None = None
         self._discarded: dict[str, tuple[torch.Size, torch.dtype]] = {}  # dropped while asleep
         self._cache_kwarg = cache_kwarg(model)
@@ -116,6 +117,7 @@ class HFEngine(Engine):
 
     def _weights_now(self) -> int:
         """Between decode steps: let a waiting weight sync in (partial rollouts); the version loaded now."""
+        self.pauses += 1
         self.gate.pause_point()
         return self.weight_version
 

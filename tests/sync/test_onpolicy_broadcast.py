@@ -45,15 +45,16 @@ def test_a_broadcast_enters_a_generation_in_flight_between_decode_steps(ray_cpu)
     """Partial rollouts: `receive_weights` in the engine's "sync" thread meets the learner's broadcast while a long
     generation runs; every sample's tokens start under the old version and end under the new one."""
     ray = ray_cpu
-    cfg = GRPOConfig(prompts_per_step=4, group_size=2, max_new_tokens=1000, seed=0)
+    cfg = GRPOConfig(prompts_per_step=4, group_size=2, max_new_tokens=400, seed=0)
     learner = ray.remote(concurrency_groups=WATCH)(LMLearner).remote(cfg)
     engine = ray.remote(concurrency_groups={**WATCH, "sync": 1})(EngineRole).remote(
         cfg, engine={"synthetic_lengths": {"median_frac": 0.99, "p99_frac": 1.0}})  # every sample near the cap
     address = ray.get(learner.open_sync.remote("broadcast"))
     ray.get([learner.join_sync.remote(), engine.open_sync.remote("broadcast", address)])
     generated, _ = engine.generate_with_stats.options(num_returns=2).remote()
-    # past its first pause point (right after the cache is set up: a sync that came sooner would precede every token)
-    while ray.get(engine.stats.remote())["stage_s"]["generate"] < 0.5:
+    # a few blocks of decode steps in (a sync that came before the first pause point would precede every token)
+    pauses = engine.__ray_call__.options(concurrency_group="watch")
+    while ray.get(pauses.remote(lambda self: self.engine.pauses)) < 3:
         time.sleep(0.01)
     published = learner.publish.remote()
     assert ray.get(engine.receive_weights.options(concurrency_group="sync").remote([published])) == 1
