@@ -115,6 +115,12 @@ class HFEngine(Engine):
                        weight_version=int(versions[valid].min()) if valid.any() else self.weight_version,
                        token_versions=versions)
 
+    def wait_for_weights(self, version: int, timeout_s: float) -> None:
+        """Block until weights of at least `version` are loaded (a sync running beside this call brings them)."""
+        if not self.gate.wait_for(lambda: self.weight_version >= version, timeout_s):
+            raise TimeoutError(f"the engine holds weights v{self.weight_version}, was asked to generate from "
+                               f"v{version}, and they did not come within {timeout_s:.0f} s")
+
     def _weights_now(self) -> int:
         """Between decode steps: let a waiting weight sync in (partial rollouts); the version loaded now."""
         self.pauses += 1

@@ -10,7 +10,7 @@ gate is open: a sync goes through at once.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -45,6 +45,11 @@ class WeightGate:
             self._changed.wait_for(lambda: not self._waiting and not self._swapping)
             self._generating = True
         return True
+
+    def wait_for(self, ready: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait until `ready()` (checked again after every swap); False if `timeout_s` passed first."""
+        with self._changed:
+            return self._changed.wait_for(ready, timeout_s)
 
     @contextmanager
     def swapping(self) -> Iterator[None]:

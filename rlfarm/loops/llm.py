@@ -204,8 +204,9 @@ class LLMLoop(SyncLoop):
 
     def _generate(self, batch: Launched, index: int) -> None:
         """Engine `index`'s part of `batch`, generated (again) and scored."""
+        # from the newest weights pushed: a step launched after a push never starts before they arrive
         batch.generated[index], batch.stats[index] = self.engines[index].generate_with_stats.options(
-            num_returns=2).remote()
+            num_returns=2).remote(self.version, float(self.cfg.run.role_timeout_s))
         self._score(batch, index)
 
     def _score(self, batch: Launched, index: int) -> None:

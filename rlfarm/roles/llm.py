@@ -115,7 +115,9 @@ class EngineRole:
     def stats(self) -> dict:
         return {"pid": os.getpid(), "stage_s": self.stages.snapshot(), "policy_version": self.engine.weight_version}
 
-    def generate(self) -> tuple[Rollout, list[str]]:
+    def generate(self, min_version: int = 0, timeout_s: float = 600.0) -> tuple[Rollout, list[str]]:
+        """min_version: start from weights of at least this version (a receive may run beside the queued calls)."""
+        self.engine.wait_for_weights(min_version, timeout_s)
         prompts = self.task.sample(self.cfg.prompts_per_step)  # the whole step's: one stream for all engines
         share, group = self.cfg.prompts_per_step // self.count, self.cfg.group_size
         first = self.index * share
@@ -124,12 +126,13 @@ class EngineRole:
                                        rows=Rows(first * group, self.cfg.prompts_per_step * group))
         return rollout, prompts.answers[first:first + share]
 
-    def generate_with_stats(self) -> tuple[tuple[Rollout, list[str]], dict]:
+    def generate_with_stats(self, min_version: int = 0, timeout_s: float = 600.0
+                            ) -> tuple[tuple[Rollout, list[str]], dict]:
         """`generate`, and what the driver reads without fetching the rollout (call with num_returns=2):
         {"generate_s", "tokens", "policy_version": the learner's version of the weights that generated it}."""
         started = time.perf_counter()
         with self.stages.timing("generate"):
-            generated = self.generate()
+            generated = self.generate(min_version, timeout_s)
         rollout = generated[0]
         return generated, {"generate_s": time.perf_counter() - started, "tokens": int(rollout.response_mask.sum()),
                            "policy_version": rollout.weight_version}
@@ -161,8 +164,7 @@ class EngineRole:
         finally:
             self.stages.add("receive", time.perf_counter() - started)
 
-    def _receive(self, box: list) -> int:
-        """The weights go in between decode steps of a generation in flight, if any (`gate`)."""
+    def _receive(self, box: list) -> int:  # the weights go in between decode steps of a generation in flight
         if self.receiver.meets_sender:
             with self.engine.gate.swapping():
                 load_into(self.engine, self.receiver, None, self.engine.weight_version)
