@@ -13,7 +13,8 @@ reach them between steps (each engine takes its calls in order), so a step gener
 trained on at learner version v + k; a step older than that would be dropped and counted (`dropped_stale`).
 Partial rollouts (`algo.partial_rollouts`, k > 0): the new weights do not wait for the generation in flight; they
 enter it between decode steps (`rlfarm.engines.weight_gate`), each token records the version it was sampled
-under, and the learner reports `partial_ratio` and the samples' version spans (`rlfarm.algos.versions`).
+under, and the learner reports `partial_ratio` and the samples' version spans (`rlfarm.algos.versions`); a step
+launched after a push still starts from the pushed weights (its `min_version`), so the bound k holds.
 `algo.synthetic_lengths` (a SPEED-RUN setting, `rlfarm.engines.synthetic_lengths`) ends each sample at a drawn
 length; the summary names it.
 Checkpoints (`run.checkpoint_every_*`, SIGTERM → preempted.pt) and `resume=` continue after the saved update
