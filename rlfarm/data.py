@@ -33,7 +33,10 @@ class Rollout:
     response_ids, response_mask: [N, T] generated tokens, padded on the right; the mask is 1 for every
         generated token up to and including EOS.
     logprobs: [N, T] float32 log-probabilities of the generated tokens (see the module docstring), 0 on padding.
-    weight_version: the version of the weights that generated every sample.
+    weight_version: the oldest version of the weights that sampled any token here (staleness is measured from it).
+    token_versions: [N, T] int64, the version of the weights whose logits each token was sampled from (its
+        log-prob is under them): a partial rollout's samples span the versions loaded while they were generated.
+        None: every token is `weight_version`'s. Values on padding are meaningless.
     """
 
     prompt_ids: torch.Tensor
@@ -44,6 +47,7 @@ class Rollout:
     group_size: int
     temperature: float
     weight_version: int
+    token_versions: torch.Tensor | None = None
 
     @property
     def num_prompts(self) -> int:
@@ -55,6 +59,12 @@ class Rollout:
 
     def attention_mask(self) -> torch.Tensor:
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    def versions(self) -> torch.Tensor:
+        """[N, T] int64: each token's weight version (`token_versions`, or `weight_version` everywhere)."""
+        if self.token_versions is not None:
+            return self.token_versions
+        return torch.full(self.response_ids.shape, self.weight_version, dtype=torch.long)
 
     def completion_ids(self, eos_id: StopIds = None) -> list[list[int]]:
         """Each sample's generated tokens, without padding and without the final stop token."""
@@ -70,7 +80,8 @@ class Rollout:
         rows = keep.to(torch.bool).repeat_interleave(self.group_size).to(self.response_ids.device)
         return replace(self, prompt_ids=self.prompt_ids[rows], prompt_mask=self.prompt_mask[rows],
                        response_ids=self.response_ids[rows], response_mask=self.response_mask[rows],
-                       logprobs=self.logprobs[rows])
+                       logprobs=self.logprobs[rows],
+                       token_versions=None if self.token_versions is None else self.token_versions[rows])
 
 
 def _pad_columns(tensor: torch.Tensor, width: int, left: bool) -> torch.Tensor:
@@ -85,7 +96,7 @@ def _pad_columns(tensor: torch.Tensor, width: int, left: bool) -> torch.Tensor:
 def concat_rollouts(parts: Sequence[Rollout]) -> Rollout:
     """The rollouts of several engines as one, in their order (each engine's prompts follow the previous
     one's): prompts re-padded on the left to the longest, responses on the right. Its weight version is the
-    oldest part's, so staleness is never understated."""
+    oldest part's, so staleness is never understated; token versions are kept where any part has them."""
     if len(parts) == 1:
         return parts[0]
     prompt_len = max(part.prompt_ids.shape[1] for part in parts)
@@ -94,4 +105,6 @@ def concat_rollouts(parts: Sequence[Rollout]) -> Rollout:
               for name, width, left in (("prompt_ids", prompt_len, True), ("prompt_mask", prompt_len, True),
                                         ("response_ids", response_len, False),
                                         ("response_mask", response_len, False), ("logprobs", response_len, False))}
+    if any(part.token_versions is not None for part in parts):
+        joined["token_versions"] = torch.cat([_pad_columns(part.versions(), response_len, False) for part in parts])
     return replace(parts[0], **joined, weight_version=min(part.weight_version for part in parts))

@@ -168,6 +168,8 @@ class GRPOSchema(GroupPolicySchema):
     is_correction: IsCorrection
     is_cap: float
     max_staleness: int
+    partial_rollouts: bool
+    synthetic_lengths: Any  # a speed-run setting: {median_frac, p99_frac} of the cap
 
 
 @dataclass

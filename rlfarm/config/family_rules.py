@@ -126,6 +126,17 @@ def check_text_policy(cfg: DictConfig) -> None:
         if roles.learner.pool is None or roles.learner.pool != roles.engine.pool or not roles.engine.gpus:
             raise ConfigError(f"algo.weight_sync=ipc needs the learner and the engine on one GPU, but topology="
                               f"{cfg.topology.name} puts them apart", "use topology=colocated, or algo.weight_sync=auto")
+    lengths = cfg.algo.get("synthetic_lengths")
+    if lengths:  # a speed-run setting; the model's own range check, here before Ray starts
+        mapping = isinstance(lengths, DictConfig)
+        unknown = sorted(set(lengths) - {"median_frac", "p99_frac"}) if mapping else ["?"]
+        median, p99 = (float(lengths.get("median_frac", 1 / 3)), float(lengths.get("p99_frac", 1.0))) if mapping \
+            else (1, 0)
+        if unknown or not 0 < median < p99:
+            shown = OmegaConf.to_container(lengths) if mapping else lengths
+            raise ConfigError(f"algo.synthetic_lengths={shown} is not a length model "
+                              "(keys median_frac, p99_frac with 0 < median_frac < p99_frac)",
+                              "e.g. 'algo.synthetic_lengths={median_frac:0.333,p99_frac:1.0}', or null")
     if task == "prompts":
         if source is None:
             raise ConfigError("prompt files need a tokenizer, but model.config builds a model without one",

@@ -16,8 +16,8 @@ import torch
 from rlfarm.engines.noise import column_keys
 
 # fields with a slot (batch) dimension first: what a bucket view slices and what moving a sample copies
-PER_SLOT = ("keys", "values", "key_valid", "logits", "next_input", "position", "column", "step", "limit",
-            "forced_at", "sample_id", "finished", "tokens", "logprobs", "generated")
+PER_SLOT = ("keys", "values", "key_valid", "logits", "logits_version", "next_input", "position", "column", "step",
+            "limit", "forced_at", "sample_id", "finished", "tokens", "logprobs", "generated", "versions")
 
 
 @dataclass
@@ -28,6 +28,7 @@ class DecodeState:
     sin: torch.Tensor
     key_valid: torch.Tensor           # [B, S] bool: columns a query may attend to
     logits: torch.Tensor              # [B, V] the logits the next token is sampled from
+    logits_version: torch.Tensor      # [B] the weight version that computed them (partial rollouts)
     next_input: torch.Tensor          # [B] the token fed at the next forward
     position: torch.Tensor            # [B] its position id
     column: torch.Tensor              # [B] the cache column its key/value go to (= P + token index)
@@ -36,11 +37,13 @@ class DecodeState:
     forced_at: torch.Tensor           # [B] token index where the end token is forced (-1: nowhere)
     sample_id: torch.Tensor           # [B] the sample's index in the step: keys its sampling noise (`noise`)
     seed: torch.Tensor                # [] the call's seed
+    version: torch.Tensor             # [] the version of the weights loaded now (set between blocks of steps)
     column_keys: torch.Tensor         # [V] the sampling noise's key per vocabulary id (`noise.column_keys`)
     finished: torch.Tensor            # [B] bool: the slot's sample has ended (or the slot is empty)
     tokens: torch.Tensor              # [B, S] sampled tokens by token index (pad after the end)
     logprobs: torch.Tensor            # [B, S] float32
     generated: torch.Tensor           # [B, S] bool: the token was generated before the sample ended
+    versions: torch.Tensor            # [B, S] the weight version each token was sampled under (`logits_version`)
     graphs: dict = field(default_factory=dict)  # (bucket, Sampling) → torch.cuda.CUDAGraph
     views: dict = field(default_factory=dict)   # bucket → DecodeState over the first `bucket` slots
 
@@ -88,14 +91,15 @@ def allocate(slots: int, cache_len: int, layers: int, kv_heads: int, head_dim: i
 
     cache = (slots, kv_heads, cache_len, head_dim)
     counters = {name: zeros(slots, kind=torch.long) for name in
-                ("next_input", "position", "column", "step", "limit", "forced_at", "sample_id")}
+                ("logits_version", "next_input", "position", "column", "step", "limit", "forced_at",
+                 "sample_id")}
     return DecodeState(
         keys=[zeros(*cache) for _ in range(layers)], values=[zeros(*cache) for _ in range(layers)], cos=cos,
         sin=sin, key_valid=zeros(slots, cache_len, kind=torch.bool), logits=zeros(slots, vocab), **counters,
-        seed=zeros((), kind=torch.long), column_keys=column_keys(vocab, device),
+        seed=zeros((), kind=torch.long), version=zeros((), kind=torch.long), column_keys=column_keys(vocab, device),
         finished=torch.ones(slots, dtype=torch.bool, device=device),
         tokens=zeros(slots, cache_len, kind=torch.long), logprobs=zeros(slots, cache_len, kind=torch.float32),
-        generated=zeros(slots, cache_len, kind=torch.bool))
+        generated=zeros(slots, cache_len, kind=torch.bool), versions=zeros(slots, cache_len, kind=torch.long))
 
 
 def mark_dynamic(state: DecodeState) -> None:

@@ -8,6 +8,13 @@ Any other causal LM decodes through its own forward with a `DynamicCache` (slowe
 in one batch, no refill). Sampling (`rlfarm.engines.sampling`) needs no host sync and its noise is keyed per
 sample and token (`rlfarm.engines.noise`): one seed per call, drawn from the engine's generator; end of sequence
 is tracked on the device and the host looks at it only every `stop_check_every` steps.
+
+Partial rollouts: a weight sync may run while a generation is in flight (from another thread); it enters through
+`gate` (`rlfarm.engines.weight_gate`) at the next host check, between decode steps, and every token records the
+version of the weights whose logits it was sampled from (`Rollout.token_versions`). The KV cache of the tokens
+before the swap is kept, not recomputed (as PipelineRL does): what a token's log-prob is under — new weights over
+a prefix cached by old ones — is the distribution it was sampled from, the behaviour probability that the
+learner's importance correction divides by, token by token.
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ from rlfarm.engines.noise import column_keys, race_noise
 from rlfarm.engines.sampling import Rows, nucleus_filter, sample_tokens  # noqa: F401 (part of this module's API)
 from rlfarm.engines.synthetic_lengths import SyntheticLengths
 from rlfarm.engines.synthetic_lengths import synthetic_lengths as length_model
+from rlfarm.engines.weight_gate import WeightGate
 from rlfarm.models.lm import cache_kwarg, position_ids_from_mask
 
 
@@ -62,6 +70,8 @@ class HFEngine(Engine):
         self.model = model.to(self.device).eval()
         self.pad_id, self.stop_check_every = pad_id, stop_check_every
         self.weight_version = 0
+        self.gate = WeightGate()  # where a weight sync enters a generation in flight
+        self.pauses = 0  # pause points passed (where a sync may enter), over all calls
         self._named: dict[str, torch.Tensor] | None = None
         self._discarded: dict[str, tuple[torch.Size, torch.dtype]] = {}  # dropped while asleep
         self._cache_kwarg = cache_kwarg(model)
@@ -86,20 +96,44 @@ class HFEngine(Engine):
         prompt, prompt_mask = left_pad([list(p) for p in prompt_ids], self.pad_id, self.device)
         seed = int(torch.randint(0, 2 ** 31, (), generator=self._generator, device=self._generator.device))
         first = rows.first if rows is not None else 0
-        if self._static is not None:
-            sampling = static_decoder.Sampling(float(temperature), float(top_p), stop_ids(eos_id))
-            tokens, logprobs, generated = self._static.generate(
-                prompt, prompt_mask, n, max_new_tokens, sampling, self.stop_check_every, seed, first,
-                max_batch=self.max_batch, refill=self.refill, lengths=self.lengths)
-        else:
-            tokens, logprobs, generated = self._generate_with_hf_cache(
-                prompt.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0), max_new_tokens,
-                temperature, top_p, stop_ids(eos_id), seed, first)
+        with self.gate.generating():
+            if self._static is not None:
+                tokens, logprobs, generated, versions = self._static.generate(
+                    prompt, prompt_mask, n, max_new_tokens, self._sampling(temperature, top_p, eos_id),
+                    self.stop_check_every, seed, first, max_batch=self.max_batch, refill=self.refill,
+                    lengths=self.lengths, weights=self._weights_now)
+            else:
+                tokens, logprobs, generated, versions = self._generate_with_hf_cache(
+                    prompt.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0), max_new_tokens,
+                    temperature, top_p, stop_ids(eos_id), seed, first)
+        versions = versions.cpu()
+        valid = generated.cpu()
         return Rollout(prompt_ids=prompt.repeat_interleave(n, dim=0).cpu(),
                        prompt_mask=prompt_mask.repeat_interleave(n, dim=0).cpu(),
-                       response_ids=tokens.cpu(), response_mask=generated.long().cpu(), logprobs=logprobs.cpu(),
+                       response_ids=tokens.cpu(), response_mask=valid.long(), logprobs=logprobs.cpu(),
                        group_size=n, temperature=temperature if temperature > 0 else 1.0,
-                       weight_version=self.weight_version)
+                       weight_version=int(versions[valid].min()) if valid.any() else self.weight_version,
+                       token_versions=versions)
+
+    def wait_for_weights(self, version: int, timeout_s: float) -> None:
+        """Block until weights of at least `version` are loaded (a sync running beside this call brings them)."""
+        if not self.gate.wait_for(lambda: self.weight_version >= version, timeout_s):
+            raise TimeoutError(f"the engine holds weights v{self.weight_version}, was asked to generate from "
+                               f"v{version}, and they did not come within {timeout_s:.0f} s")
+
+    def _weights_now(self) -> int:
+        """Between decode steps: let a waiting weight sync in (partial rollouts); the version loaded now."""
+        self.pauses += 1
+        self.gate.pause_point()
+        return self.weight_version
+
+    def _sampling(self, temperature: float, top_p: float, eos_id: StopIds) -> static_decoder.Sampling:
+        """What the static decoder samples by. Under synthetic lengths a sample ends only at its drawn length, where
+        its end token is forced: an end token sampled before does not end it (with a small vocabulary, the digit
+        tasks', random weights would end most samples within a few tokens)."""
+        stops = stop_ids(eos_id)
+        end = stops[0] if stops else None
+        return static_decoder.Sampling(float(temperature), float(top_p), () if self.lengths else stops, end)
 
     @torch.no_grad()
     def prepare(self, num_prompts: int, n: int, prompt_len: int, max_new_tokens: int, temperature: float = 1.0,
@@ -107,7 +141,7 @@ class HFEngine(Engine):
         """Allocate the cache of a call of this shape and capture its CUDA graphs now (`StaticDecoder.prepare`),
         so the call itself does not pay for them. A no-op on the HF-cache path."""
         if self._static is not None:
-            sampling = static_decoder.Sampling(float(temperature), float(top_p), stop_ids(eos_id))
+            sampling = self._sampling(temperature, top_p, eos_id)
             self._static.prepare(num_prompts * n, prompt_len, max_new_tokens, sampling, self.max_batch, self.refill,
                                  ragged=bool(sampling.stop_ids) or self.lengths is not None)
 
@@ -118,8 +152,9 @@ class HFEngine(Engine):
 
     def _generate_with_hf_cache(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
                                 temperature: float, top_p: float, stops: tuple[int, ...], seed: int, first: int
-                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Any causal LM: its own forward with a DynamicCache, one step at a time."""
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Any causal LM: its own forward with a DynamicCache, one step at a time; a weight sync may enter every
+        `stop_check_every` steps."""
         from transformers import DynamicCache
 
         samples, prompt_len = prompt.shape
@@ -130,8 +165,10 @@ class HFEngine(Engine):
         logprobs = torch.zeros((samples, max_new_tokens), dtype=torch.float32, device=self.device)
         generated = torch.zeros((samples, max_new_tokens), dtype=torch.bool, device=self.device)
         finished = torch.zeros(samples, dtype=torch.bool, device=self.device)
+        versions = torch.zeros((samples, max_new_tokens), dtype=torch.long, device=self.device)
 
         cache = DynamicCache()
+        logits_version = self._weights_now()
         logits = self._next_logits(prompt, prompt_mask, position_ids_from_mask(prompt_mask), cache)
         sample_ids = torch.arange(samples, device=self.device) + first
         seed_tensor = torch.tensor(seed, device=self.device)
@@ -143,15 +180,19 @@ class HFEngine(Engine):
             generated[:, t] = ~finished
             tokens[:, t] = token.masked_fill(finished, self.pad_id)
             logprobs[:, t] = logprob.masked_fill(finished, 0.0)
+            versions[:, t] = logits_version
             if stops:
                 finished = finished | hits_stop(token, stops)
             if t + 1 == max_new_tokens or ((t + 1) % self.stop_check_every == 0 and bool(finished.all())):
                 break
             attention[:, prompt_len + t] = generated[:, t]
+            if (t + 1) % self.stop_check_every == 0:
+                self._weights_now()
+            logits_version = self.weight_version
             logits = self._next_logits(tokens[:, t:t + 1], attention[:, :prompt_len + t + 1],
                                        first_position + t, cache)
         width = max(int(generated.sum(dim=1).max()), 1)  # the longest sample, as the static decoder returns
-        return tokens[:, :width], logprobs[:, :width], generated[:, :width]
+        return tokens[:, :width], logprobs[:, :width], generated[:, :width], versions[:, :width]
 
     def _next_logits(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
         output = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,

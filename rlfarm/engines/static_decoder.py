@@ -27,6 +27,7 @@ slot a sample lands in, as far as the batch-size dependence of the arithmetic al
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,7 @@ from torch import nn
 from rlfarm.engines import decode_state
 from rlfarm.engines.base import hits_stop
 from rlfarm.engines.decode_state import DecodeState
+from rlfarm.engines.llama_attention import attend_cache, project, repeat_kv
 from rlfarm.engines.noise import race_noise
 from rlfarm.engines.sampling import sample_tokens
 from rlfarm.engines.synthetic_lengths import SyntheticLengths
@@ -71,29 +73,12 @@ def buckets(slots: int) -> list[int]:
     return sorted(set(sizes), reverse=True)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE as the Llama family applies it. x [B, heads, L, D]; cos, sin [B, L, D]."""
-    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
-
-
-def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[B, kv_heads, L, D] → [B, kv_heads × groups, L, D], each kv head serving `groups` query heads."""
-    if groups == 1:
-        return x
-    batch, heads, length, dim = x.shape
-    return x[:, :, None].expand(batch, heads, groups, length, dim).reshape(batch, heads * groups, length, dim)
-
-
 @dataclass(frozen=True)
 class Sampling:
     temperature: float
     top_p: float
-    stop_ids: tuple[int, ...]  # () = never stop (`rlfarm.data.stop_ids`)
+    stop_ids: tuple[int, ...]  # sampling one of these ends a sample; () = never (`rlfarm.data.stop_ids`)
+    end_id: int | None = None  # what a synthetic length forces at a sample's end (None: it is cut there)
 
 
 @dataclass(frozen=True)
@@ -143,12 +128,16 @@ class StaticDecoder:
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, n: int, max_new_tokens: int,
                  sampling: Sampling, stop_check_every: int, seed: int, first_sample: int = 0,
-                 max_batch: int | None = None, refill: bool = True, lengths: SyntheticLengths | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 max_batch: int | None = None, refill: bool = True, lengths: SyntheticLengths | None = None,
+                 weights: Callable[[], int] = lambda: 0
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """prompt, prompt_mask [num_prompts, P] (left-padded, on the model's device); n samples each, at most
         `max_batch` at a time (None: all at once). first_sample: the index of this call's first sample in the
         step (engines that split a step: `Rows`), which keys its noise. lengths: the synthetic length model.
-        Returns (tokens, logprobs, generated) [num_prompts × n, width], prompt-major, still on the device;
+        weights: asked before the first step and between blocks of steps for the version of the weights the next
+        steps run (an engine may load new ones inside it: partial rollouts, `rlfarm.engines.weight_gate`); each
+        token records the version whose logits it was sampled from.
+        Returns (tokens, logprobs, generated, versions) [num_prompts × n, width], prompt-major, still on the device;
         width = the longest sample."""
         prompts, prompt_len = prompt.shape
         samples = prompts * n
@@ -156,16 +145,18 @@ class StaticDecoder:
                                            ragged=bool(sampling.stop_ids) or lengths is not None)
         slots = state.slots
         state.seed.fill_(seed)
+        state.version.fill_(weights())
         state.finished.fill_(True)
         ids = torch.arange(samples, device=self.device) + first_sample
         limits = (lengths.draw(seed, ids, max_new_tokens) if lengths is not None
                   else torch.full((samples,), max_new_tokens, dtype=torch.long, device=self.device))
-        forced = limits - 1 if lengths is not None and sampling.stop_ids else torch.full_like(limits, -1)
+        forced = limits - 1 if lengths is not None and sampling.end_id is not None else torch.full_like(limits, -1)
         forced = forced.masked_fill(limits >= max_new_tokens, -1)  # at the cap a sample is cut, not ended
         limit_of = limits.tolist()
         out = (torch.full((samples, max_new_tokens), self.pad_id, dtype=torch.long, device=self.device),
                torch.zeros(samples, max_new_tokens, device=self.device),
-               torch.zeros(samples, max_new_tokens, dtype=torch.bool, device=self.device))
+               torch.zeros(samples, max_new_tokens, dtype=torch.bool, device=self.device),
+               torch.zeros(samples, max_new_tokens, dtype=torch.long, device=self.device))
         holder: list[int | None] = [None] * slots  # slot → the sample it holds
         started = [0] * slots                     # slot → decode steps run when its sample started
         queue, decoded, prefills, smallest = 0, 0, 0, slots
@@ -202,12 +193,14 @@ class StaticDecoder:
                 self._harvest(state, out, ended, [holder[s] for s in ended], max_new_tokens)
                 for slot in ended:
                     holder[slot] = None
+            state.version.fill_(weights())  # new weights, if any, before the free slots' prefill
+            if ended:
                 fill([slot for slot in range(slots) if holder[slot] is None])
             if refill and queue == samples:
                 self._shrink(state, holder, started, sizes)
         self.last_call = Calls(decoded, prefills, slots, smallest)
         width = max(int(out[2].sum(dim=1).max()), 1)
-        return out[0][:, :width], out[1][:, :width], out[2][:, :width]
+        return tuple(tensor[:, :width] for tensor in out)
 
     @torch.no_grad()  # the capture compiles: under autograd inductor would trace a backward of the cache writes
     def prepare(self, samples: int, prompt_len: int, max_new_tokens: int, sampling: Sampling,
@@ -225,7 +218,7 @@ class StaticDecoder:
         """Copy the ended samples of `slots` into the call's output rows `samples`."""
         src = torch.tensor(slots, device=self.device)
         dst = torch.tensor(samples, device=self.device)
-        for target, source in zip(out, (state.tokens, state.logprobs, state.generated)):
+        for target, source in zip(out, (state.tokens, state.logprobs, state.generated, state.versions)):
             target.index_copy_(0, dst, source.index_select(0, src)[:, :width])
 
     @staticmethod
@@ -253,15 +246,16 @@ class StaticDecoder:
         race = (race_noise(state.seed, state.sample_id, state.step, state.column_keys)
                 if sampling.temperature > 0 else None)
         force = state.step == state.forced_at
+        forcing = sampling.end_id is not None
         token, logprob = sample_tokens(state.logits, sampling.temperature, sampling.top_p, race=race,
-                                       force=force if sampling.stop_ids else None,
-                                       forced_token=sampling.stop_ids[0] if sampling.stop_ids else 0)
+                                       force=force if forcing else None, forced_token=sampling.end_id if forcing else 0)
         ended = state.finished
         token = token.masked_fill(ended, self.pad_id)
         at = state.step.unsqueeze(1)
         state.tokens.scatter_(1, at, token.unsqueeze(1))
         state.logprobs.scatter_(1, at, logprob.masked_fill(ended, 0.0).unsqueeze(1))
         state.generated.scatter_(1, at, (~ended).unsqueeze(1))
+        state.versions.scatter_(1, at, state.logits_version.unsqueeze(1))
         state.next_input.copy_(token)
         ends = state.step + 1 >= state.limit
         if sampling.stop_ids:
@@ -281,37 +275,17 @@ class StaticDecoder:
         hidden = self.base.model.embed_tokens(state.next_input.unsqueeze(1))  # [B, 1, H]
         for i, layer in enumerate(self.layers):
             attention = layer.self_attn
-            query, key, value = self._project(attention, layer.input_layernorm(hidden), cos, sin)
+            query, key, value = project(attention, layer.input_layernorm(hidden), cos, sin, self.head_dim)
             state.keys[i][rows, :, state.column] = key[:, :, 0]
             state.values[i][rows, :, state.column] = value[:, :, 0]
-            hidden = hidden + attention.o_proj(self._attend_cache(query, state.keys[i], state.values[i], visible))
+            attended = attend_cache(query, state.keys[i], state.values[i], visible, self.groups, self.scaling)
+            hidden = hidden + attention.o_proj(attended)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         state.logits.copy_(self.base.lm_head(self.base.model.norm(hidden))[:, -1])
+        state.logits_version.copy_(state.version.expand(batch))
         # an ended row keeps stepping (its output is not read): its counters stay inside the cache
         state.position.add_(1).clamp_(max=last)
         state.column.add_(1).clamp_(max=last)
-
-    def _attend_cache(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                      visible: torch.Tensor) -> torch.Tensor:
-        """One query token per row against the whole cache, grouped-query without copying the cache.
-        query [B, heads, 1, D], keys/values [B, kv_heads, S, D], visible [B, 1, 1, S] → [B, 1, heads × D]."""
-        batch = query.shape[0]
-        grouped = query.reshape(batch, self.kv_heads, self.groups, self.head_dim)
-        scores = torch.matmul(grouped, keys.transpose(2, 3)).float() * self.scaling  # [B, kv_heads, G, S]
-        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).to(values.dtype)
-        return torch.matmul(weights, values).reshape(batch, 1, -1)
-
-    def _project(self, attention: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [B, L, H] → rotated query [B, heads, L, D], rotated key and value [B, kv_heads, L, D]."""
-        batch, length, _ = x.shape
-        query = attention.q_proj(x).view(batch, length, -1, self.head_dim)
-        key = attention.k_proj(x).view(batch, length, -1, self.head_dim)
-        value = attention.v_proj(x).view(batch, length, -1, self.head_dim)
-        if hasattr(attention, "q_norm"):  # qwen3 normalizes each head's query and key
-            query, key = attention.q_norm(query), attention.k_norm(key)
-        query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-        return apply_rotary(query, cos, sin), apply_rotary(key, cos, sin), value
 
     # -- a sample takes a slot ------------------------------------------------------------------------
     def _prefill(self, state: DecodeState, prompt: torch.Tensor, prompt_mask: torch.Tensor, n: int,
@@ -334,7 +308,7 @@ class StaticDecoder:
         hidden = self.base.model.embed_tokens(ids_)
         for i, layer in enumerate(self.layers):
             attention = layer.self_attn
-            query, key, value = self._project(attention, layer.input_layernorm(hidden), cos, sin)
+            query, key, value = project(attention, layer.input_layernorm(hidden), cos, sin, self.head_dim)
             for cache, written in ((state.keys[i], key), (state.values[i], value)):
                 cache[rows, :, :prompt_len] = written.repeat_interleave(counts, dim=0)
                 cache[rows, :, prompt_len:] = 0
@@ -345,6 +319,7 @@ class StaticDecoder:
         last = self.base.lm_head(self.base.model.norm(hidden[:, -1:]))[:, -1]
         taken = torch.tensor(samples, device=self.device)
         state.logits[rows] = last.repeat_interleave(counts, dim=0)
+        state.logits_version[rows] = state.version
         state.key_valid[rows] = False
         state.key_valid[rows, :prompt_len] = valid.repeat_interleave(counts, dim=0)
         state.position[rows] = mask.sum(dim=1).repeat_interleave(counts)
@@ -357,6 +332,7 @@ class StaticDecoder:
         state.tokens[rows] = self.pad_id
         state.logprobs[rows] = 0.0
         state.generated[rows] = False
+        state.versions[rows] = 0
 
     def _state(self, slots: int, length: int) -> DecodeState:
         cache_len = -(-length // CACHE_ROUNDING) * CACHE_ROUNDING

@@ -11,8 +11,15 @@ A learner role holding N > 1 GPUs (one N-GPU bundle, or count N) runs N data-par
 the engines generate the next steps with the weights they hold while the learner updates, and new weights
 reach them between steps (each engine takes its calls in order), so a step generated with version v is
 trained on at learner version v + k; a step older than that would be dropped and counted (`dropped_stale`).
+Partial rollouts (`algo.partial_rollouts`, k > 0): the new weights do not wait for the generation in flight; they
+enter it between decode steps (`rlfarm.engines.weight_gate`), each token records the version it was sampled
+under, and the learner reports `partial_ratio` and the samples' version spans (`rlfarm.algos.versions`); a step
+launched after a push still starts from the pushed weights (its `min_version`), so the bound k holds.
+`algo.synthetic_lengths` (a SPEED-RUN setting, `rlfarm.engines.synthetic_lengths`) ends each sample at a drawn
+length; the summary names it.
 Checkpoints (`run.checkpoint_every_*`, SIGTERM → preempted.pt) and `resume=` continue after the saved update
-(the rollouts in flight are not saved: a resumed run starts generating from the checkpoint's weights).
+(the rollouts in flight, partial samples included, are not saved: they are dropped, and a resumed run generates
+its steps afresh from the checkpoint's weights, with new prompt streams; no sample is trained on twice).
 An engine or scorer that dies is restarted by Ray (`run.max_restarts`, over the object store or CUDA IPC: a
 broadcast group cannot take a new member): a restarted engine gets the newest publication, and every part of the
 steps in flight that the dead role had not finished is generated (or scored) again before the learner sees the
@@ -22,12 +29,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import ray
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.algos.grpo_lm import GRPOConfig
+from rlfarm.engines.synthetic_lengths import synthetic_lengths
 from rlfarm.envs.text_tasks import TextTaskSpec
 from rlfarm.errors import ConfigError
 from rlfarm.loops.deadlines import WATCH, RoleDied, Watched, died
@@ -44,9 +52,11 @@ from rlfarm.topology import Placement, PlacedTopology
 log = logging.getLogger("rlfarm")
 REWARD_WINDOW = 10  # summary reward_mean: mean over the last 10 updates
 # medians in the summary: each stage's time (wait_s: the driver waiting for the rollout; publish_s: the learner's
-# send), the engines' speed, the step's throughput, and the share of each step the engines and the learner worked
+# send), the engines' speed, the step's throughput, the share of each step the engines and the learner worked, and
+# the share of samples whose tokens span several weight versions (partial rollouts)
 STAGE_KEYS = ("step_s", "generate_s", "wait_s", "score_s", "update_s", "sync_s", "publish_s",
-              "generated_tokens_per_s", "step_samples_per_s", "step_tokens_per_s", "engine_busy", "learner_busy")
+              "generated_tokens_per_s", "step_samples_per_s", "step_tokens_per_s", "engine_busy", "learner_busy",
+              "partial_ratio")
 
 
 def grpo_config(cfg: DictConfig) -> GRPOConfig:
@@ -116,15 +126,22 @@ class LLMLoop(SyncLoop):
                  self.learners.gpu_ids, dtype)
         task = text_task_spec(cfg)
         restartable = {"max_restarts": int(run_cfg.max_restarts), "max_task_retries": 0}
+        self.max_staleness = int(cfg.algo.get("max_staleness", 0))
+        self.partial = self.max_staleness > 0 and bool(cfg.algo.get("partial_rollouts", True))
+        lengths = synthetic_lengths(OmegaConf.to_container(cfg.algo.synthetic_lengths)
+                                    if cfg.algo.get("synthetic_lengths") else None)  # a mapping (`check_text_policy`)
+        self.synthetic_lengths = asdict(lengths) if lengths else None  # a speed-run setting: the summary says so
+        engine_options = {"synthetic_lengths": lengths}
         self.engines = [
-            ray.remote(concurrency_groups=WATCH)(EngineRole).options(**placed.options(place), **restartable).remote(
-                grpo, place.threads, dtype, task, (index, len(engines))) for index, place in enumerate(engines)]
+            ray.remote(concurrency_groups={**WATCH, "sync": 1})(EngineRole).options(
+                **placed.options(place), **restartable).remote(
+                grpo, place.threads, dtype, task, (index, len(engines)), engine_options)
+            for index, place in enumerate(engines)]
         self.scorers = [
             ray.remote(concurrency_groups=WATCH)(TextLabeler).options(**placed.options(place), **restartable).remote(
                 grpo, task) for place in scorers]
         self.watched = {**self.learners.watched, **{f"engine {i}": Watched(e) for i, e in enumerate(self.engines)},
                         **{f"labeler {i}": Watched(s) for i, s in enumerate(self.scorers)}}
-        self.max_staleness = int(cfg.algo.get("max_staleness", 0))
         self.sync_plan, self.time_shared = self._open_weight_sync(str(cfg.algo.get("weight_sync", "auto")))
         if self.time_shared and self.max_staleness:
             raise ConfigError(f"algo.max_staleness={self.max_staleness} needs engines on GPUs of their own",
@@ -188,8 +205,9 @@ class LLMLoop(SyncLoop):
 
     def _generate(self, batch: Launched, index: int) -> None:
         """Engine `index`'s part of `batch`, generated (again) and scored."""
+        # from the newest weights pushed: a step launched after a push never starts before they arrive
         batch.generated[index], batch.stats[index] = self.engines[index].generate_with_stats.options(
-            num_returns=2).remote()
+            num_returns=2).remote(self.version, float(self.cfg.run.role_timeout_s))
         self._score(batch, index)
 
     def _score(self, batch: Launched, index: int) -> None:
@@ -217,7 +235,7 @@ class LLMLoop(SyncLoop):
             start_s = float(self.cfg.run.restart_timeout_s)
             engine, source = self.engines[index], self.sync_plan.sources[index]
             self._ask([(name, self._open_engine_sync(self.sync_plan, index))], "open_sync", start_s)
-            self._ask([(name, engine.receive_weights.remote([self._published[source]]))], "receive_weights", start_s)
+            self._ask([(name, self._receive(engine, self._published[source]))], "receive_weights", start_s)
             self._ask([(name, engine.reseed.remote(int(self.cfg.seed) * 1_000_003 + 7919 * sum(self.restarts.values())
                                                      + self.progress["updates"]))], "reseed", start_s)
             self._receiving = [(n, ref) for n, ref in self._receiving if n != name]  # it holds the newest now
@@ -273,11 +291,17 @@ class LLMLoop(SyncLoop):
         self._check_receiving()
         self._published = self.learners.publish(self.sync_plan.ranks)
         # boxed, so each engine's call starts at once: over a broadcast both calls must run to meet
-        self._receiving = [(f"engine {i}", engine.receive_weights.remote([self._published[source]]))
+        self._receiving = [(f"engine {i}", self._receive(engine, self._published[source]))
                            for i, (engine, source) in enumerate(zip(self.engines, self.sync_plan.sources))]
         self.version += 1  # what the learner's publish numbers it (`LMLearner.weight_version`); read back when checked
         if wait:
             self._check_receiving()
+
+    def _receive(self, engine, published: ray.ObjectRef) -> ray.ObjectRef:
+        """An engine's receive call: with partial rollouts in its "sync" thread, so it enters the generation in
+        flight; else behind the generate calls queued on it."""
+        method = engine.receive_weights.options(concurrency_group="sync") if self.partial else engine.receive_weights
+        return method.remote([published])
 
     def _check_receiving(self) -> None:
         """The engines' last receive calls answered (an engine that died meanwhile is restarted with the newest
@@ -307,6 +331,8 @@ class LLMLoop(SyncLoop):
         return {"updates": progress["updates"], "reward_mean": reward, "samples": progress["samples"],
                 "median": progress.timing_medians(), "policy_staleness_max": progress["staleness_max"],
                 "max_staleness": self.max_staleness, "dropped_stale": progress["dropped_stale"],
+                "partial_rollouts": self.partial,
+                "synthetic_lengths": self.synthetic_lengths and {**self.synthetic_lengths, "note": "speed-run setting"},
                 "engines": len(self.engines), "learner_ranks": len(self.learners.ranks),
                 "weight_sync": self.sync_plan.transport, "wall_s": round(progress.wall_s, 2),
                 "target_reward": target, "reached_target": bool(target is not None and reward >= target)}

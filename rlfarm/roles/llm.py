@@ -34,6 +34,7 @@ import torch
 
 from rlfarm.algos.grpo import group_advantages
 from rlfarm.algos.grpo_lm import GRPOConfig, rollout_metrics, update_policy
+from rlfarm.algos.versions import version_metrics
 from rlfarm.data import Rollout, concat_rollouts
 from rlfarm.data_parallel import full_tensors, is_sharded, join_data_parallel, shard_model, wrap_data_parallel
 from rlfarm.engines.base import load_into
@@ -89,10 +90,12 @@ class EngineRole:
     rollout): every engine draws the step's prompts from the same stream and generates prompts
     index·P/count … (index+1)·P/count − 1 of them; its samples' noise is keyed by their index in the step (`Rows`,
     `rlfarm.engines.noise`). From the same seed the engines' parts of every step, joined in index order, are what
-    one engine generates (as far as the arithmetic of different batch sizes allows)."""
+    one engine generates (as far as the arithmetic of different batch sizes allows).
+    engine: `HFEngine` options (synthetic_lengths: a speed-run setting). Partial rollouts: `receive_weights` sent
+    in the "sync" concurrency group runs beside a generation and enters it between decode steps (`HFEngine.gate`)."""
 
     def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32", task: TextTaskSpec | None = None,
-                 shard: tuple[int, int] = (0, 1)):
+                 shard: tuple[int, int] = (0, 1), engine: dict | None = None):
         limit_threads(threads)
         self.cfg = cfg
         self.index, self.count = shard
@@ -102,7 +105,8 @@ class EngineRole:
         self.task = text_task(self.spec)
         device = assigned_device()
         policy = _policy(cfg).to(compute_dtype(dtype, device))
-        self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed)
+        self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed,
+                               **(engine or {}))
         self.max_new_tokens = cfg.max_new_tokens or self.task.max_new_tokens
         self.receiver: WeightReceiver = PassThroughReceiver()  # the object store, until `open_sync` picks another
         self.stages = StageClock("generate", "receive")
@@ -111,7 +115,9 @@ class EngineRole:
     def stats(self) -> dict:
         return {"pid": os.getpid(), "stage_s": self.stages.snapshot(), "policy_version": self.engine.weight_version}
 
-    def generate(self) -> tuple[Rollout, list[str]]:
+    def generate(self, min_version: int = 0, timeout_s: float = 600.0) -> tuple[Rollout, list[str]]:
+        """min_version: start from weights of at least this version (a receive may run beside the queued calls)."""
+        self.engine.wait_for_weights(min_version, timeout_s)
         prompts = self.task.sample(self.cfg.prompts_per_step)  # the whole step's: one stream for all engines
         share, group = self.cfg.prompts_per_step // self.count, self.cfg.group_size
         first = self.index * share
@@ -120,12 +126,13 @@ class EngineRole:
                                        rows=Rows(first * group, self.cfg.prompts_per_step * group))
         return rollout, prompts.answers[first:first + share]
 
-    def generate_with_stats(self) -> tuple[tuple[Rollout, list[str]], dict]:
+    def generate_with_stats(self, min_version: int = 0, timeout_s: float = 600.0
+                            ) -> tuple[tuple[Rollout, list[str]], dict]:
         """`generate`, and what the driver reads without fetching the rollout (call with num_returns=2):
         {"generate_s", "tokens", "policy_version": the learner's version of the weights that generated it}."""
         started = time.perf_counter()
         with self.stages.timing("generate"):
-            generated = self.generate()
+            generated = self.generate(min_version, timeout_s)
         rollout = generated[0]
         return generated, {"generate_s": time.perf_counter() - started, "tokens": int(rollout.response_mask.sum()),
                            "policy_version": rollout.weight_version}
@@ -151,17 +158,22 @@ class EngineRole:
         so that Ray starts this call without waiting for the learner: over a collective the learner's `publish`
         returns only once this call has received the tensors, so its result (no payload; the version) is read
         after them. Other transports' payload (the tensors' host copies, the IPC handles) is read first."""
-        with self.stages.timing("receive"):
+        started = time.perf_counter()  # added, not `timing`: with partial rollouts it overlaps a generation
+        try:
             return self._receive(published)
+        finally:
+            self.stages.add("receive", time.perf_counter() - started)
 
-    def _receive(self, box: list) -> int:
+    def _receive(self, box: list) -> int:  # the weights go in between decode steps of a generation in flight
         if self.receiver.meets_sender:
-            load_into(self.engine, self.receiver, None, self.engine.weight_version)
-            _, version = ray.get(box[0])
+            with self.engine.gate.swapping():
+                load_into(self.engine, self.receiver, None, self.engine.weight_version)
+                _, version = ray.get(box[0])
+                self.engine.weight_version = version
         else:
             sent, version = ray.get(box[0])
-            load_into(self.engine, self.receiver, sent, version)
-        self.engine.weight_version = version
+            with self.engine.gate.swapping():
+                load_into(self.engine, self.receiver, sent, version)
         return version
 
     def sleep(self) -> None:
@@ -330,7 +342,7 @@ class LMLearner:
     def update(self, generated: tuple[Rollout, list[str]], rewards: np.ndarray) -> dict:
         rollout, _ = generated
         rewards = np.array(rewards)  # the object store hands out read-only arrays
-        staleness = {"staleness": self.version - rollout.weight_version}
+        staleness = version_metrics(rollout, self.version)  # staleness, partial_ratio, version spans
         if self.critic is not None:  # PPO: every sample counts, advantages per token from the critic
             every = torch.ones(len(rewards) // self.cfg.group_size, dtype=torch.bool)
             targets = self.critic.targets(rollout, rewards)

@@ -32,7 +32,16 @@ def llm_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
     return (f"Done: {cfg.algo.name} on the '{cfg.env.task}' task ({cfg.topology.name}) ran {s['updates']:,} updates "
             f"({s['samples']:,} samples) in {s['wall_s']:.0f} s; mean reward of the last 10 updates "
             f"{s['reward_mean']:.3f}{_target(s, 'target_reward')}.{_step_against_stages(s.get('median') or {})} "
-            f"Run dir: {run_dir}.")
+            f"{_speed_run(s)}Run dir: {run_dir}.")
+
+
+def _speed_run(s: dict) -> str:
+    """Synthetic lengths make a run a speed run: its rewards say nothing about learning."""
+    lengths = s.get("synthetic_lengths")
+    if not lengths:
+        return ""
+    return (f"SPEED RUN: synthetic lengths (median {lengths['median_frac']:.3g}·cap, p99 {lengths['p99_frac']:.3g}·cap) "
+            "end the samples, not the policy. ")
 
 
 def _step_against_stages(median: dict) -> str:

@@ -225,6 +225,8 @@ CASES = [
                  "algo.is_correction must be one of auto|none|token_tis|seq_tis", id="grpo-unknown-is-correction"),
     pytest.param(["train", "experiment=grpo_digits", "algo.is_cap=0.5"], "algo.is_cap must be >= 1",
                  id="grpo-is-cap-below-one"),
+    pytest.param(["train", "experiment=grpo_digits", "algo.synthetic_lengths={median_frac:0.5,p99_frac:0.4}"],
+                 "is not a length model", id="grpo-synthetic-lengths-out-of-order"),
     pytest.param(["train", "experiment=ppo_lm_digits", "topology=split_2_1"],
                  "algo.advantage=gae trains its critic on one learner rank", id="ppo-lm-data-parallel"),
     pytest.param(["train", "experiment=grpo_digits", "algo.weight_sync=ipc"],

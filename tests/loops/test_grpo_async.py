@@ -36,3 +36,5 @@ def test_grpo_digits_learns_with_stale_rollouts_from_two_engines(tmp_path, stale
     assert all(0 <= lag <= staleness for lag in lags)
     assert all(lag == staleness for lag in lags[staleness:])  # from then on, every step is exactly k behind
     assert all(row["engine_busy"] > 0 and row["learner_busy"] > 0 for row in rows)
+    # partial rollouts (on by default at k > 0): samples may span versions, never more than k apart
+    assert summary["partial_rollouts"] and all(0 <= row["version_span_max"] <= staleness for row in rows)

@@ -1,5 +1,7 @@
 """The on-policy roles synced by broadcast (gloo between CPU actors here; NCCL when both hold a GPU): after
 each sync the engine holds exactly the learner's weights and version."""
+import time
+
 import numpy as np
 import torch
 
@@ -37,3 +39,29 @@ def test_broadcast_sync_gives_the_engine_the_learners_weights_each_round(ray_cpu
     assert not all(torch.equal(before[name], synced[name]) for name in synced)
     rollout, _ = ray.get(engine.generate.remote())
     assert rollout.weight_version == 2
+
+
+def test_a_broadcast_enters_a_generation_in_flight_between_decode_steps(ray_cpu):
+    """Partial rollouts: `receive_weights` in the engine's "sync" thread meets the learner's broadcast while a long
+    generation runs; every sample's tokens start under the old version and end under the new one."""
+    ray = ray_cpu
+    cfg = GRPOConfig(prompts_per_step=4, group_size=2, max_new_tokens=400, seed=0)
+    learner = ray.remote(concurrency_groups=WATCH)(LMLearner).remote(cfg)
+    engine = ray.remote(concurrency_groups={**WATCH, "sync": 1})(EngineRole).remote(
+        cfg, engine={"synthetic_lengths": {"median_frac": 0.99, "p99_frac": 1.0}})  # every sample near the cap
+    address = ray.get(learner.open_sync.remote("broadcast"))
+    ray.get([learner.join_sync.remote(), engine.open_sync.remote("broadcast", address)])
+    generated, _ = engine.generate_with_stats.options(num_returns=2).remote()
+    # a few blocks of decode steps in (a sync that came before the first pause point would precede every token)
+    pauses = engine.__ray_call__.options(concurrency_group="watch")
+    while ray.get(pauses.remote(lambda self: self.engine.pauses)) < 3:
+        time.sleep(0.01)
+    published = learner.publish.remote()
+    assert ray.get(engine.receive_weights.options(concurrency_group="sync").remote([published])) == 1
+    rollout, _ = ray.get(generated)
+    valid = rollout.response_mask.bool()
+    last = valid.sum(dim=1) - 1
+    versions = rollout.token_versions
+    assert rollout.weight_version == 0 and (versions[:, 0] == 0).all()
+    assert (versions.gather(1, last[:, None]) == 1).all()  # the swap landed mid-generation, in every sample
+    assert ((versions[:, 1:] >= versions[:, :-1]) | ~valid[:, 1:]).all()  # one swap: old, then new
