@@ -144,6 +144,8 @@ def ray_session(ray_cfg: DictConfig, plan: Plan):
 
 # -- where roles run: node ids for roles.json and `rlfarm plan`, and a node Ray has declared dead ----------------
 RAY_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory", "accelerator_type")
+# node id → its custom resources, noted while it lives: Ray forgets a dead node's resources, a line names them
+_NODE_RESOURCES: dict[str, list[str]] = {}
 
 
 def actor_node(actor) -> str | None:
@@ -155,11 +157,16 @@ def actor_node(actor) -> str | None:
         node = (state.actors(actor._actor_id.hex()).get("Address") or {}).get("NodeID")
     except Exception:  # noqa: BLE001 - a stand-in role of the unit tests, or Ray gone: roles.json says null
         return None
+    if node and node not in _NODE_RESOURCES:
+        node_labels()  # notes the resources of every node alive now
     return node or None
 
 
 def _custom_resources(node: dict) -> list[str]:
-    return [name for name in node.get("Resources", {}) if name not in RAY_RESOURCES and not name.startswith("node:")]
+    custom = [name for name in node.get("Resources", {}) if name not in RAY_RESOURCES and not name.startswith("node:")]
+    if node.get("Alive"):
+        _NODE_RESOURCES[node["NodeID"]] = custom
+    return custom or _NODE_RESOURCES.get(node["NodeID"], [])
 
 
 def node_labels() -> dict[str, str]:

@@ -1,8 +1,11 @@
 """Runs on a real two-node Ray cluster (tests/multinode/conftest.py): pools pinned to nodes, data and weights
 crossing between the nodes' object stores, and the loss of a whole node."""
 import json
+import os
+import signal
+import time
 
-from helpers import TINY_SAC, read_summary, rlfarm, train
+from helpers import TINY_SAC, read_summary, rlfarm, start_train, train, wait_for
 
 TWO_NODE_SAC = ["topology=two_node_cpu", "total_env_steps=1200", *TINY_SAC, "logger=none", "run.checkpoint=false"]
 
@@ -35,3 +38,37 @@ def test_sac_through_two_nodes_labels_on_node_b_and_stores_every_transition(two_
     assert summary["updates"] > 0
     assert roles_by_node(run_dir) == {two_nodes.node_id("a"): {"learner 0", "env_runner 0"},
                                       two_nodes.node_id("b"): {"labeler 0", "labeler 1"}}
+
+
+LOST_NODE_RUN = ["topology=two_node_cpu", "total_env_steps=6000", *TINY_SAC, "logger=none",
+                 "run.checkpoint_every_updates=20", "run.role_timeout_s=10"]
+
+
+def test_a_lost_node_ends_the_run_in_one_line_naming_it_and_resume_continues(two_nodes, tmp_path):
+    """Node B (both labelers) is switched off mid-run: nothing can take its pinned roles, so the run ends within
+    run.role_timeout_s with one line naming the node and its roles; with node B back, the resume continues from the
+    newest checkpoint and ends with every transition labeled and stored once."""
+    run_dir, node_b = tmp_path / "run", two_nodes.node_id("b")
+    proc = start_train(run_dir, *LOST_NODE_RUN, f"ray.address={two_nodes.address}")
+    try:
+        assert wait_for(lambda: any((run_dir / "checkpoints").glob("step_*.pt.sha256")), 240), "no checkpoint"
+        two_nodes.nodes["b"].kill()
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        ended_s = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert proc.returncode != 0 and len(errors) == 1, err[-3000:]
+    assert f"node {node_b[:8]} (" in errors[0] and "node_b" in errors[0], errors[0]
+    assert "was lost with labeler 0, labeler 1" in errors[0] and f"resume={run_dir}" in errors[0], errors[0]
+    assert "Traceback" not in err and ended_s < 10 + 15, (ended_s, err[-2000:])  # role_timeout_s + Ray noticing
+
+    two_nodes.start_node("b", cpus=2, gpus=2)
+    out = rlfarm("train", f"resume={run_dir}", "run.live=false", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["restarts"] == 1 and summary["env_steps"] == 6000
+    assert summary["transitions_produced"] == summary["transitions_labeled"] == summary["transitions_stored"] == 6000
+    assert roles_by_node(run_dir)[two_nodes.node_id("b")] == {"labeler 0", "labeler 1"}
