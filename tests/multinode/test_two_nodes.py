@@ -40,8 +40,8 @@ def test_sac_through_two_nodes_labels_on_node_b_and_stores_every_transition(two_
                                       two_nodes.node_id("b"): {"labeler 0", "labeler 1"}}
 
 
-LOST_NODE_RUN = ["topology=two_node_cpu", "total_env_steps=6000", *TINY_SAC, "logger=none",
-                 "run.checkpoint_every_updates=20", "run.role_timeout_s=10"]
+LOST_NODE_RUN = ["topology=two_node_cpu", "total_env_steps=3000", *TINY_SAC, "logger=none",
+                 "run.checkpoint_every_updates=10", "run.role_timeout_s=10"]
 
 
 def test_a_lost_node_ends_the_run_in_one_line_naming_it_and_resume_continues(two_nodes, tmp_path):
@@ -69,6 +69,6 @@ def test_a_lost_node_ends_the_run_in_one_line_naming_it_and_resume_continues(two
     out = rlfarm("train", f"resume={run_dir}", "run.live=false", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(run_dir)
-    assert summary["restarts"] == 1 and summary["env_steps"] == 6000
-    assert summary["transitions_produced"] == summary["transitions_labeled"] == summary["transitions_stored"] == 6000
+    assert summary["restarts"] == 1 and summary["env_steps"] == 3000
+    assert summary["transitions_produced"] == summary["transitions_labeled"] == summary["transitions_stored"] == 3000
     assert roles_by_node(run_dir)[two_nodes.node_id("b")] == {"labeler 0", "labeler 1"}
