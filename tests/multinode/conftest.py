@@ -30,6 +30,20 @@ FAST_HEALTH_CHECK = {"RAY_health_check_initial_delay_ms": "0", "RAY_health_check
                      "RAY_health_check_timeout_ms": "300", "RAY_health_check_failure_threshold": "3"}
 
 
+def _free_ports(count: int) -> list[int]:
+    """Ports free now, for the ones Ray would otherwise take at fixed defaults (client server 10001, dashboard 8265,
+    agent 52365, ...): two nodes on one machine, and other tests' Ray beside them, must not collide."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for one in sockets:
+        one.bind(("127.0.0.1", 0))
+    ports = [one.getsockname()[1] for one in sockets]
+    for one in sockets:
+        one.close()
+    return ports
+
+
 def _ray_command() -> str:
     import sys
 
@@ -89,10 +103,24 @@ class TwoNodes:
     gone: list[Node] = field(default_factory=list)         # nodes started before them (killed or stopped)
 
     def start_node(self, name: str, cpus: int, gpus: int = 0) -> Node:
+        """Start node `name` ("a": the head); a start that fails (a port taken meanwhile, a raylet that missed its
+        start-up deadline on a loaded machine) is tried once more, with other ports."""
+        try:
+            return self._start_node(name, cpus, gpus)
+        except RuntimeError as error:
+            print(f"retrying: {error}")
+            return self._start_node(name, cpus, gpus)
+
+    def _start_node(self, name: str, cpus: int, gpus: int) -> Node:
         temp_dir = self.root / f"{name}{len(self.gone) + len(self.nodes)}"
         log = self.root / f"{temp_dir.name}.log"
         head = name == "a"
+        ports = dict(zip(("dashboard-agent-listen", "dashboard-agent-grpc", "metrics-export", "runtime-env-agent",
+                          "ray-client-server", "dashboard"), _free_ports(6)))
+        if not head:
+            del ports["ray-client-server"], ports["dashboard"]
         args = [_ray_command(), "start", "--block", f"--num-cpus={cpus}", f"--num-gpus={gpus}",
+                *(f"--{flag}-port={port}" for flag, port in ports.items()),
                 f"--resources={{\"node_{name}\": 1}}", f"--temp-dir={temp_dir}", "--disable-usage-stats",
                 "--object-store-memory=100000000",
                 *(["--head", "--port=0", "--include-dashboard=false", "--node-ip-address=127.0.0.1"] if head
@@ -108,6 +136,7 @@ class TwoNodes:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not node.started():
             if process.poll() is not None or time.monotonic() > deadline:
+                node.stop()
                 raise RuntimeError(f"ray start (node {name}) did not start: {log.read_text()[-2000:]}")
             time.sleep(0.2)
         if head:
