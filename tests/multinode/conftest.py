@@ -12,6 +12,7 @@ The head runs its GCS with a fast node health check, so a killed node is declare
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,9 @@ from pathlib import Path
 import pytest
 
 START_TIMEOUT_S = 90  # a head starts in ~5 s alone, ~20 s on a loaded 2-core machine
+# Ray gives a raylet 30 s to register with the GCS (fixed in ray/_private/node.py): under heavy load on 2 cores a
+# start can miss it ("timed out during startup"), so a node start is tried this many times
+START_ATTEMPTS = 3
 STOP_TIMEOUT_S = 15
 # GCS settings for the head (RAY_<name> environment variables): a dead raylet is noticed after
 # 3 failed checks 300 ms apart instead of Ray's 5 × 3 s.
@@ -104,12 +108,14 @@ class TwoNodes:
 
     def start_node(self, name: str, cpus: int, gpus: int = 0) -> Node:
         """Start node `name` ("a": the head); a start that fails (a port taken meanwhile, a raylet that missed its
-        start-up deadline on a loaded machine) is tried once more, with other ports."""
-        try:
-            return self._start_node(name, cpus, gpus)
-        except RuntimeError as error:
-            print(f"retrying: {error}")
-            return self._start_node(name, cpus, gpus)
+        start-up deadline on a loaded machine) is tried again, with other ports."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return self._start_node(name, cpus, gpus)
+            except RuntimeError as error:
+                if attempt == START_ATTEMPTS:
+                    raise
+                print(f"retrying: {error}")
 
     def _start_node(self, name: str, cpus: int, gpus: int) -> Node:
         temp_dir = self.root / f"{name}{len(self.gone) + len(self.nodes)}"
@@ -139,8 +145,8 @@ class TwoNodes:
                 node.stop()
                 raise RuntimeError(f"ray start (node {name}) did not start: {log.read_text()[-2000:]}")
             time.sleep(0.2)
-        if head:
-            self.address = (temp_dir / "ray_current_cluster").read_text().strip()
+        if head:  # "To add another node to this Ray cluster, run  ray start --address='<ip>:<port>'"
+            self.address = re.search(r"--address='([^']+)'", log.read_text()).group(1)
         return node
 
     def node_id(self, name: str) -> str:

@@ -41,7 +41,7 @@ def test_sac_through_two_nodes_labels_on_node_b_and_stores_every_transition(two_
 
 
 LOST_NODE_RUN = ["topology=two_node_cpu", "total_env_steps=3000", *TINY_SAC, "logger=none",
-                 "run.checkpoint_every_updates=10", "run.role_timeout_s=10"]
+                 "run.checkpoint_every_updates=200", "run.role_timeout_s=10"]
 
 
 def test_a_lost_node_ends_the_run_in_one_line_naming_it_and_resume_continues(two_nodes, tmp_path):
@@ -51,14 +51,11 @@ def test_a_lost_node_ends_the_run_in_one_line_naming_it_and_resume_continues(two
     run_dir, node_b = tmp_path / "run", two_nodes.node_id("b")
     proc = start_train(run_dir, *LOST_NODE_RUN, f"ray.address={two_nodes.address}")
     try:
-        t = time.monotonic()
         assert wait_for(lambda: any((run_dir / "checkpoints").glob("step_*.pt.sha256")), 240), "no checkpoint"
-        print(f"PHASE to checkpoint {time.monotonic() - t:.1f}")  # TEMP
         two_nodes.nodes["b"].kill()
         killed = time.monotonic()
         _, err = proc.communicate(timeout=120)
         ended_s = time.monotonic() - killed
-        print(f"PHASE ended {ended_s:.1f} s after the kill")  # TEMP
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -66,14 +63,12 @@ def test_a_lost_node_ends_the_run_in_one_line_naming_it_and_resume_continues(two
     assert proc.returncode != 0 and len(errors) == 1, err[-3000:]
     assert f"node {node_b[:8]} (" in errors[0] and "node_b" in errors[0], errors[0]
     assert "was lost with labeler 0, labeler 1" in errors[0] and f"resume={run_dir}" in errors[0], errors[0]
-    assert "Traceback" not in err and ended_s < 10 + 15, (ended_s, err[-2000:])  # role_timeout_s + Ray noticing
+    # role_timeout_s, + Ray declaring the node dead (~1 s, conftest's health check) and the driver's exit: a loaded
+    # 2-core machine took 22 s in all
+    assert "Traceback" not in err and ended_s < 10 + 20, (ended_s, err[-2000:])
 
-    t = time.monotonic()
     two_nodes.start_node("b", cpus=2, gpus=2)
-    print(f"PHASE node b back {time.monotonic() - t:.1f}")  # TEMP
-    t = time.monotonic()
     out = rlfarm("train", f"resume={run_dir}", "run.live=false", timeout=300)
-    print(f"PHASE resume {time.monotonic() - t:.1f}")  # TEMP
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(run_dir)
     assert summary["restarts"] == 1 and summary["env_steps"] == 3000
