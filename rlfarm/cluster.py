@@ -140,3 +140,48 @@ def ray_session(ray_cfg: DictConfig, plan: Plan):
         yield ray
     finally:
         ray.shutdown()
+
+
+# -- where roles run: node ids for roles.json and `rlfarm plan`, and a node Ray has declared dead ----------------
+RAY_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory", "accelerator_type")
+# node id → its custom resources, noted while it lives: Ray forgets a dead node's resources, a line names them
+_NODE_RESOURCES: dict[str, list[str]] = {}
+
+
+def actor_node(actor) -> str | None:
+    """The id of the node an actor's current incarnation runs on, from Ray's actor table in the GCS (no dashboard
+    needed); None when Ray cannot tell (not started yet, restarting, or not a Ray actor)."""
+    from ray._private import state
+
+    try:
+        node = (state.actors(actor._actor_id.hex()).get("Address") or {}).get("NodeID")
+    except Exception:  # noqa: BLE001 - a stand-in role of the unit tests, or Ray gone: roles.json says null
+        return None
+    if node and node not in _NODE_RESOURCES:
+        node_labels()  # notes the resources of every node alive now
+    return node or None
+
+
+def _custom_resources(node: dict) -> list[str]:
+    custom = [name for name in node.get("Resources", {}) if name not in RAY_RESOURCES and not name.startswith("node:")]
+    if node.get("Alive"):
+        _NODE_RESOURCES[node["NodeID"]] = custom
+    return custom or _NODE_RESOURCES.get(node["NodeID"], [])
+
+
+def node_labels() -> dict[str, str]:
+    """Node id → how a table names it: its id's first 8 characters and its custom resources ("19c193d6 node_b")."""
+    import ray
+
+    return {n["NodeID"]: " ".join([n["NodeID"][:8], *_custom_resources(n)]) for n in ray.nodes()}
+
+
+def lost_node(node_id: str) -> str | None:
+    """How a line names a node Ray has declared dead ("node 19c193d6 (10.0.0.2, node_b)": id, address, custom
+    resources); None while it lives (or is unknown)."""
+    import ray
+
+    node = next((n for n in ray.nodes() if n["NodeID"] == node_id), None)
+    if node is None or node["Alive"]:
+        return None
+    return f"node {node_id[:8]} ({', '.join([node['NodeManagerAddress'], *_custom_resources(node)])})"

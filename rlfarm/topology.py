@@ -1,7 +1,10 @@
 """Topology is data: pools of GPUs + roles placed in them → Ray placement groups.
 
 `plan_topology` is pure (no Ray): it packs each role instance into a GPU bundle of its pool
-(first fit, so fractional roles share a GPU) and is what `rlfarm plan` prints. `check_cluster`
+(first fit, so fractional roles share a GPU) and is what `rlfarm plan` prints. A pool of 0 GPUs is a CPU pool: each
+role instance in it gets a bundle of its CPUs. A pool may be pinned to the nodes that hold a custom resource
+(`pools.<pool>.node: node_b`, from `ray start --resources='{"node_b": 1}'`): each of its bundles then asks for a
+sliver of that resource, so the pool's placement group can only land there (two-node CPU tests, a reward node). `check_cluster`
 fails fast, with one line, when the cluster holds less than the plan asks (RLlib waits forever
 instead). `PlacedTopology` turns the plan into placement groups and per-actor Ray options.
 """
@@ -16,6 +19,7 @@ from rlfarm.errors import TopologyError
 from rlfarm.families import Family
 
 ROLE_NAMES = ("learner", "env_runner", "labeler", "engine")  # a topology may list more than its family places
+NODE_SHARE = 0.001  # of a pinned pool's node resource, per bundle: `ray start --resources='{"node_b": 1}'` holds 1,000
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,11 @@ class Plan:
     pool_gpus: dict[str, int]
     placements: tuple[Placement, ...]
     bundles: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    pool_nodes: dict[str, str] = field(default_factory=dict)  # pool → the custom resource it is pinned to
+
+    def node_of(self, p: Placement) -> str | None:
+        """The node resource `p`'s pool is pinned to (None: anywhere)."""
+        return self.pool_nodes.get(p.pool) if p.pool is not None else None
 
     def of(self, role: str) -> list[Placement]:
         return [p for p in self.placements if p.role == role]
@@ -67,12 +76,19 @@ def plan_topology(topology: Mapping, family: Family) -> Plan:
     name = str(topology.get("name", "custom"))
     pools = topology.get("pools") or {}
     pool_gpus: dict[str, int] = {}
+    pool_nodes: dict[str, str] = {}
     for pool, spec in pools.items():
         gpus = spec.get("gpus", 0) if isinstance(spec, Mapping) else spec
         if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
             raise TopologyError(f"topology.pools.{pool}.gpus must be a whole number >= 0, got {gpus!r}",
                                 f"set topology.pools.{pool}.gpus=<int>")
         pool_gpus[pool] = gpus
+        node = spec.get("node") if isinstance(spec, Mapping) else None
+        if node is not None:
+            if not isinstance(node, str) or not node.strip():
+                raise TopologyError(f"topology.pools.{pool}.node must name a custom resource, got {node!r}",
+                                    f"set topology.pools.{pool}.node=<resource given to `ray start --resources`>")
+            pool_nodes[pool] = node
     roles = topology.get("roles") or {}
     for missing in (r for r in family.roles if r not in roles):
         raise TopologyError(f"topology '{name}' has no role '{missing}'",
@@ -80,6 +96,7 @@ def plan_topology(topology: Mapping, family: Family) -> Plan:
     free: dict[str, list[float]] = {pool: [1.0] * n for pool, n in pool_gpus.items()}
     cpus_in_bundle: dict[str, list[float]] = {pool: [0.0] * n for pool, n in pool_gpus.items()}
     gpus_in_bundle: dict[str, list[int]] = {pool: [1] * n for pool, n in pool_gpus.items()}  # 0: merged away
+    cpu_bundles: dict[str, list[float]] = {pool: [] for pool, n in pool_gpus.items() if n == 0}  # CPU pools
     placements: list[Placement] = []
     for role, spec in roles.items():
         if role not in ROLE_NAMES:
@@ -112,6 +129,14 @@ def plan_topology(topology: Mapping, family: Family) -> Plan:
         if pool not in pool_gpus:
             raise TopologyError(f"role '{role}' names pool '{pool}', which topology '{name}' does not define",
                                 f"use one of: {', '.join(pool_gpus) or '(none defined)'}")
+        if pool in cpu_bundles and gpus == 0:  # a CPU pool: a bundle of its own per instance
+            if cpus == 0 and pool not in pool_nodes:
+                raise TopologyError(f"role '{role}' in the CPU pool '{pool}' asks for nothing (cpus=0)",
+                                    f"set topology.roles.{role}.cpus above 0")
+            for i in range(int(count)):
+                cpu_bundles[pool].append(cpus)
+                placements.append(Placement(role, i, pool, len(cpu_bundles[pool]) - 1, cpus, 0.0, threads))
+            continue
         for i in range(int(count)):
             # data-parallel learner ranks never share a GPU (NCCL needs one per rank)
             taken = {p.bundle for p in placements if p.role == role and p.pool == pool} if role == "learner" else set()
@@ -125,10 +150,15 @@ def plan_topology(topology: Mapping, family: Family) -> Plan:
     # Drop the bundles merged into a multi-GPU one and renumber the placements to match.
     renumber = {pool: {old: new for new, old in enumerate(i for i, g in enumerate(gpus_in_bundle[pool]) if g)}
                 for pool in pool_gpus}
-    placements = [p if p.pool is None else replace(p, bundle=renumber[p.pool][p.bundle]) for p in placements]
+    placements = [p if p.pool is None or p.pool in cpu_bundles else replace(p, bundle=renumber[p.pool][p.bundle])
+                  for p in placements]
     bundles = {pool: [{"GPU": float(g), **({"CPU": c} if c > 0 else {})}
                       for g, c in zip(gpus_in_bundle[pool], cpus_in_bundle[pool]) if g] for pool in pool_gpus}
-    return Plan(name, pool_gpus, tuple(placements), bundles)
+    for pool, cpus_each in cpu_bundles.items():
+        bundles[pool] = [{"CPU": c} if c > 0 else {} for c in cpus_each]
+    for pool, node in pool_nodes.items():
+        bundles[pool] = [{**bundle, node: NODE_SHARE} for bundle in bundles[pool]]
+    return Plan(name, pool_gpus, tuple(placements), bundles, pool_nodes)
 
 
 def _first_fit(free: list[float], share: float, gpus_in_bundle: list[int], taken: set[int] = frozenset()
@@ -186,6 +216,12 @@ def check_cluster(plan: Plan, available: Mapping[str, float]) -> None:
     if plan.total_cpus > cpus + 1e-9:
         raise TopologyError(f"topology '{plan.name}' needs {plan.total_cpus:g} CPUs but the cluster has {cpus:g}",
                             "lower topology.roles.*.count/cpus or declare more (ray.num_cpus=N)")
+    for pool, node in plan.pool_nodes.items():
+        if plan.bundles.get(pool) and available.get(node, 0.0) < NODE_SHARE * len(plan.bundles[pool]) - 1e-9:
+            raise TopologyError(f"topology '{plan.name}' pins pool '{pool}' to a node with the resource '{node}', "
+                                "which no node of the cluster has",
+                                f"start that node with `ray start --address=<head> --resources='{{\"{node}\": 1}}'` "
+                                "and join the cluster (ray.address=<head>), or pick another topology")
 
 
 class PlacedTopology:

@@ -1,7 +1,8 @@
-"""`rlfarm plan`: place the topology's roles on the cluster and print role → pool → GPU ids.
+"""`rlfarm plan`: place the topology's roles on the cluster and print role → pool → node → GPU ids.
 
-Probe actors are started exactly where the real roles would be, and report the GPU ids Ray gave
-them; no model is loaded. Exits 2 with one line when the cluster is too small. It writes nothing: no run
+Probe actors are started exactly where the real roles would be, and report the node and the GPU ids Ray gave
+them; no model is loaded. A node is shown as its id's first 8 characters and its custom resources (what a pool is
+pinned to: `node_b` on topology=two_node_cpu). Exits 2 with one line when the cluster is too small. It writes nothing: no run
 directory, no log file; and it checks only what placement reads (keys and the topology), not the classes a run
 would build (importing them, torch among them, is most of a run's start-up)."""
 from __future__ import annotations
@@ -13,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlfarm.cli import fail
-from rlfarm.cluster import ray_session
+from rlfarm.cluster import node_labels, ray_session
 from rlfarm.commands.common import check_local_cluster, compose_checked_with
 from rlfarm.config import check_known_keys
 from rlfarm.errors import RlfarmError
@@ -41,7 +42,7 @@ class Probe:
 
         import ray
 
-        return {"gpu_ids": [str(g) for g in ray.get_gpu_ids()], "node": ray.get_runtime_context().get_node_id()[:8],
+        return {"gpu_ids": [str(g) for g in ray.get_gpu_ids()], "node": ray.get_runtime_context().get_node_id(),
                 "pid": os.getpid()}
 
 
@@ -52,6 +53,8 @@ def placements_with_gpu_ids(plan, placed: PlacedTopology) -> list[dict]:
     where = ray.get([probe.where.remote() for probe in probes])
     for probe in probes:
         ray.kill(probe)
+    labels = node_labels()
+    where = [{**w, "node_label": labels.get(w["node"], w["node"][:8])} for w in where]
     return [{"role": p.role, "index": p.index, "pool": p.pool, "gpus": p.gpus, "cpus": p.cpus, **w}
             for p, w in zip(plan.placements, where)]
 
@@ -71,7 +74,7 @@ def task(cfg: DictConfig) -> list[dict]:
         table.add_column(column)
     for row, p, render in zip(rows, plan.placements, renders_on):
         table.add_row(f"{row['role']}[{row['index']}]", row["pool"] or "-", gpu_share_label(p), f"{row['cpus']:g}",
-                      ",".join(row["gpu_ids"]) or "-", render, row["node"])
+                      ",".join(row["gpu_ids"]) or "-", render, row["node_label"])
     Console().print(table)
     return rows
 

@@ -57,7 +57,7 @@ class OffPolicyLoop(PeriodicCheckpoints):
         self.supervisor = Supervisor(learners.lead, self.roles.runners, self.roles.labelers,
                                      int(cfg.run.max_restarts), run.dir / "roles.json",
                                      max_incarnations=MAX_INCARNATIONS, calls=calls, learner_ranks=learners.others,
-                                     merge_stats=learners.merge_stats)
+                                     merge_stats=learners.merge_stats, lost_node_wait_s=self.deadline_s)
         self.ledger = Ledger(self.supervisor)
         self.rewiring = Rewiring(self.roles, self.supervisor, self.ledger, self._ask_all)
         self.learner_watch = LearnerWatch(self.supervisor, self.deadline_s)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ray
 
+from rlfarm import cluster
 from rlfarm.loops import deadlines
 
 
@@ -19,6 +20,8 @@ class RayCalls:
     ask = staticmethod(deadlines.ask)          # several named roles' answers within a deadline
     ask_one = staticmethod(deadlines.ask_one)  # one named role's answer within a deadline
     died = staticmethod(deadlines.died)        # (a finished run() ref) -> the actor-death error, or None
+    node_of = staticmethod(cluster.actor_node)  # (actor) -> the id of the node it runs on, or None
+    lost_node = staticmethod(cluster.lost_node)  # (node id) -> how a line names it once Ray declared it dead, or None
 
 
 RAY = RayCalls()

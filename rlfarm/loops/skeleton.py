@@ -26,6 +26,7 @@ import time
 
 import ray
 
+from rlfarm.cluster import actor_node
 from rlfarm.loops.checkpoints import PeriodicCheckpoints
 from rlfarm.loops.deadlines import RoleFailed, Watched, WorkerLost, ask, described
 from rlfarm.loops.progress import Progress
@@ -114,12 +115,14 @@ class SyncLoop(PeriodicCheckpoints):
         """A restarted role gets what its constructor does not give it (the newest weights)."""
 
     def _write_roles_file(self) -> None:
-        """`roles.json` in the run dir: which process runs which role now (for `kill`, py-spy, tests)."""
+        """`roles.json` in the run dir: which process, on which node, runs which role now (for `kill`, py-spy,
+        tests)."""
         table = []
         for name, role in self.watched.items():
             kind, _, index = name.rpartition(" ")
             kind, index = (kind.replace(" rank", ""), int(index)) if index.isdigit() else (name, 0)
-            table.append({"role": kind, "index": index, "pid": role.pid, "restarts": self.restarts[name]})
+            table.append({"role": kind, "index": index, "pid": role.pid, "node": actor_node(role.actor),
+                          "restarts": self.restarts[name]})
         path = self.run.dir / "roles.json"
         path.with_suffix(".tmp").write_text(json.dumps(table, indent=1))
         path.with_suffix(".tmp").replace(path)

@@ -9,7 +9,11 @@ never waits past its `wait_s`; `unresponsive` names the roles whose request is o
 labelers stuck in one reward-model call for longer (a labeler reports `in_call_s` from another thread of its
 threaded actor) and the VLA rollout workers whose rollout has not moved for longer (`stalled_s`, from their watch
 thread). `kill` hands such a worker to Ray for a restart (the recovery path then re-wires it as after any death),
-or ends the run when restarts are used up. Ray is reached through `calls` (rlfarm/loops/ray_calls.py)."""
+or ends the run when restarts are used up. Ray is reached through `calls` (rlfarm/loops/ray_calls.py).
+
+A whole node can be lost (a machine off, its raylet killed): every role on it dies at once. `roles.json` records
+each role's node; a worker whose node Ray has declared dead is waited for at most `lost_node_wait_s` (Ray restarts
+it elsewhere if its placement allows), and otherwise the run ends with one line naming the node and its roles."""
 from __future__ import annotations
 
 import json
@@ -39,6 +43,7 @@ class Worker:
     stats: dict = field(default_factory=dict)  # the newest stats of the live incarnation
     asked: tuple[ray.ObjectRef, float] | None = None  # the stats request in flight, and when it was made
     killed: bool = False               # handed to Ray for a restart; recovered once its run() fails
+    node: str | None = None            # the id of the node it ran on when roles.json was last written
 
     @property
     def name(self) -> str:
@@ -48,11 +53,13 @@ class Worker:
 class Supervisor:
     def __init__(self, learner, runners: list, labelers: list, max_restarts: int, roles_file: Path | None = None,
                  engines: list = (), max_incarnations: int | None = None, calls: RayCalls = RAY,
-                 learner_ranks: list = (), merge_stats: Callable[[dict, list[dict]], dict] | None = None):
+                 learner_ranks: list = (), merge_stats: Callable[[dict, list[dict]], dict] | None = None,
+                 lost_node_wait_s: float | None = None):
         """`max_incarnations`: a worker is not restarted into more (an off-policy runner's chunk ids have room for
         that many, rlfarm/loops/ledger.py); None: only `max_restarts` bounds it. `learner_ranks`: the learner's
         other data-parallel ranks (1..N-1), watched like it; `learner.stats` is then rank 0's with theirs merged in
-        by `merge_stats` (rlfarm/loops/learner_group.py)."""
+        by `merge_stats` (rlfarm/loops/learner_group.py). `lost_node_wait_s`: how long a worker whose node died is
+        waited for (None: as long as any dead worker)."""
         # the learner is watched (stats, deadline) but never restarted: it is not among `workers`
         self.learner = Worker("learner", 0, learner)
         self.learner_ranks = [Worker("learner rank", i, rank) for i, rank in enumerate(learner_ranks, 1)]
@@ -66,6 +73,7 @@ class Supervisor:
         self.max_incarnations = max_incarnations
         self.calls = calls
         self.recoveries: list[dict] = []
+        self.lost_node_wait_s = lost_node_wait_s
 
     def of(self, kind: str) -> list[Worker]:
         return [w for w in self.workers if w.kind == kind]
@@ -158,21 +166,38 @@ class Supervisor:
         if not self._may_restart(worker):
             raise WorkerLost(f"{worker.name} died and run.max_restarts={self.max_restarts} is used up "
                              f"(raise it, or resume the run: rlfarm train resume=<run_dir>)")
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline, lost = started + timeout_s, None
         while time.monotonic() < deadline:
             if interrupted is not None and interrupted():
                 raise Interrupted(f"{worker.name} was not waited for")
             try:
                 stats = self.calls.get(worker.actor.stats.remote(), timeout=min(max(deadline - time.monotonic(), 0.1), 1.0))
             except ray.exceptions.ActorDiedError as error:
-                raise WorkerLost(f"{worker.name} died and was not restarted: {_first_line(error)}") from None
+                raise WorkerLost(self._node_lost_line(lost, worker) if lost else
+                                 f"{worker.name} died and was not restarted: {_first_line(error)}") from None
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                if lost is None and worker.node is not None and (lost := self.calls.lost_node(worker.node)):
+                    if self.lost_node_wait_s is not None:
+                        deadline = min(deadline, started + self.lost_node_wait_s)
                 time.sleep(SLICE_S)
                 continue
             if stats["pid"] != worker.pid:
                 return stats["pid"]
             time.sleep(0.1)  # the old incarnation's pid: Ray has not noticed the death yet
+        if lost:
+            raise WorkerLost(self._node_lost_line(lost, worker))
         raise WorkerLost(f"{worker.name} died and did not come back within {timeout_s:g} s")
+
+    def _node_lost_line(self, node: str, worker: Worker) -> str:
+        """A dead node's roles did not come back: name the node, all its roles, and how to go on."""
+        names = [role.name if role.kind != "learner" else "the learner"
+                 for role in [*self.learners, *self.workers] if role.node == worker.node]
+        waited = self.lost_node_wait_s
+        resume = f"rlfarm train resume={self.roles_file.parent}" if self.roles_file else "rlfarm train resume=<run_dir>"
+        return (f"{node} was lost with {', '.join(names)}: not restarted elsewhere"
+                f"{f' within {waited:g} s' if waited is not None else ''}; bring the node back (or pick a topology "
+                f"without it) and resume from the newest checkpoint: {resume}")
 
     def _may_restart(self, worker: Worker) -> bool:
         return worker.restarts < self.max_restarts and (self.max_incarnations is None
@@ -203,11 +228,15 @@ class Supervisor:
         self.write_roles_file()
 
     def write_roles_file(self) -> None:
-        """`roles.json` in the run dir: which process runs which worker now (for `kill`, py-spy, tests)."""
+        """`roles.json` in the run dir: which process, on which node, runs which worker now (for `kill`, py-spy,
+        tests)."""
         if self.roles_file is None:
             return
-        table = [{"role": w.kind.removesuffix(" rank"), "index": w.index, "pid": w.pid, "incarnation": w.incarnation,
-                  "restarts": w.restarts} for w in [*self.learners, *self.workers]]
+        roles = [*self.learners, *self.workers]
+        for role in roles:
+            role.node = self.calls.node_of(role.actor) or role.node
+        table = [{"role": w.kind.removesuffix(" rank"), "index": w.index, "pid": w.pid, "node": w.node,
+                  "incarnation": w.incarnation, "restarts": w.restarts} for w in roles]
         tmp = self.roles_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(table, indent=1))
         tmp.replace(self.roles_file)

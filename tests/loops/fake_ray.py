@@ -109,6 +109,8 @@ class FakeCalls:
     def __init__(self, on_wait=None):
         self.on_wait = on_wait
         self.killed: list[FakeActor] = []
+        self.nodes: dict[int, str] = {}  # id(actor) → the node it runs on (none: unknown)
+        self.lost: dict[str, str] = {}   # node id → how a line names it, once "Ray" has declared it dead
 
     def wait(self, refs, num_returns=1, timeout=None):
         if timeout and self.on_wait is not None:
@@ -139,6 +141,12 @@ class FakeCalls:
 
     def died(self, ref: FakeRef):
         return ref.error if isinstance(ref.error, RayActorError) else None
+
+    def node_of(self, actor: FakeActor) -> str | None:
+        return self.nodes.get(id(actor))
+
+    def lost_node(self, node_id: str) -> str | None:
+        return self.lost.get(node_id)
 
 
 def wait_past(seconds: float) -> None:

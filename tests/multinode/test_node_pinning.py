@@ -1,0 +1,44 @@
+"""Pools pinned to nodes (pure planning, no Ray): a CPU pool's bundles, the node resource in every bundle of a
+pinned pool, and the one line when the cluster has no node with that resource."""
+import pytest
+
+from rlfarm.config import compose
+from rlfarm.errors import TopologyError
+from rlfarm.families import LLM, OFFPOLICY
+from rlfarm.topology import NODE_SHARE, check_cluster, plan_topology
+
+
+def test_two_node_cpu_pins_the_train_pool_to_node_a_and_the_reward_pool_to_node_b():
+    plan = plan_topology(compose("train", ["topology=two_node_cpu"]).topology, OFFPOLICY)
+    assert {p.role: plan.node_of(p) for p in plan.placements} == {
+        "learner": "node_a", "env_runner": "node_a", "labeler": "node_b"}
+    assert plan.bundles == {"train": [{"CPU": 1.0, "node_a": NODE_SHARE}, {"CPU": 0.5, "node_a": NODE_SHARE}],
+                            "reward": [{"CPU": 0.5, "node_b": NODE_SHARE}] * 2}
+    assert [(p.pool, p.bundle) for p in plan.of("labeler")] == [("reward", 0), ("reward", 1)]
+    llm = plan_topology(compose("train", ["topology=two_node_cpu", "experiment=grpo_digits"]).topology, LLM)
+    assert {p.role: plan.node_of(p) for p in llm.placements} == {
+        "learner": "node_a", "engine": "node_b", "labeler": "node_b"}
+
+
+def test_a_gpu_pool_pinned_to_a_node_asks_for_it_in_every_bundle():
+    topology = {"name": "t", "pools": {"reward": {"gpus": 2, "node": "node_b"}},
+                "roles": {"learner": {"pool": None}, "env_runner": {"pool": None},
+                          "labeler": {"pool": "reward", "count": 4, "gpus": 0.5}}}
+    plan = plan_topology(topology, OFFPOLICY)
+    assert plan.bundles["reward"] == [{"GPU": 1.0, "CPU": 2.0, "node_b": NODE_SHARE}] * 2
+
+
+def test_a_cluster_without_the_pinned_resource_is_refused_in_one_line():
+    plan = plan_topology(compose("train", ["topology=two_node_cpu"]).topology, OFFPOLICY)
+    check_cluster(plan, {"CPU": 4, "node_a": 1, "node_b": 1})
+    with pytest.raises(TopologyError, match="pins pool 'reward' to a node with the resource 'node_b', which no node"):
+        check_cluster(plan, {"CPU": 4, "node_a": 1})
+
+
+@pytest.mark.parametrize("pool, problem", [({"gpus": 0, "node": ""}, "must name a custom resource"),
+                                           ({"gpus": 0}, "asks for nothing")])
+def test_bad_pinning_is_one_line(pool, problem):
+    topology = {"name": "t", "pools": {"p": pool},
+                "roles": {"learner": {"pool": "p", "cpus": 0}, "env_runner": {}, "labeler": {}}}
+    with pytest.raises(TopologyError, match=problem):
+        plan_topology(topology, OFFPOLICY)
