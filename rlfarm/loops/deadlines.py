@@ -18,6 +18,10 @@ from typing import Callable
 import ray
 
 WATCH = {"watch": 1}  # the concurrency group a role's stats() answers from while its other calls run
+# A role whose calls are sent before their inputs exist (a scorer, handed the engine's rollout ref): in Ray's
+# in-order actor queue its stats() would wait behind such a call (a first GPU generate compiles for over a
+# minute: "did not answer stats"). Only for roles whose calls are independent of each other's order.
+FED_BY_REFS = {"allow_out_of_order_execution": True}
 
 
 

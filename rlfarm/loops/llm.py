@@ -38,7 +38,7 @@ from rlfarm.algos.grpo_lm import GRPOConfig
 from rlfarm.engines.synthetic_lengths import synthetic_lengths
 from rlfarm.envs.text_tasks import TextTaskSpec
 from rlfarm.errors import ConfigError
-from rlfarm.loops.deadlines import WATCH, RoleDied, Watched, died
+from rlfarm.loops.deadlines import FED_BY_REFS, WATCH, RoleDied, Watched, died
 from rlfarm.loops.llm_layout import WeightSyncPlan, plan_weight_sync, sharing_rank
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
@@ -138,8 +138,8 @@ class LLMLoop(SyncLoop):
                 grpo, place.threads, dtype, task, (index, len(engines)), engine_options)
             for index, place in enumerate(engines)]
         self.scorers = [
-            ray.remote(concurrency_groups=WATCH)(TextLabeler).options(**placed.options(place), **restartable).remote(
-                grpo, task) for place in scorers]
+            ray.remote(concurrency_groups=WATCH)(TextLabeler).options(
+                **placed.options(place), **restartable, **FED_BY_REFS).remote(grpo, task) for place in scorers]
         self.watched = {**self.learners.watched, **{f"engine {i}": Watched(e) for i, e in enumerate(self.engines)},
                         **{f"labeler {i}": Watched(s) for i, s in enumerate(self.scorers)}}
         self.sync_plan, self.time_shared = self._open_weight_sync(str(cfg.algo.get("weight_sync", "auto")))
