@@ -17,7 +17,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 SHARED_RUNS = ("tests/cli/test_cli.py", "tests/commands/test_eval.py", "tests/commands/test_fit_reward.py",
                "tests/commands/test_report.py", "tests/loops/test_sac_learns.py")
 LONGEST_FIRST = (
-    "tests/slurm/test_slurm.py", *SHARED_RUNS, "tests/loops/test_vla_simplevla.py",
+    "tests/slurm/test_slurm.py", *SHARED_RUNS, "tests/multinode/test_two_nodes.py", "tests/loops/test_vla_simplevla.py",
     "tests/loops/test_worker_failure.py", "tests/loops/test_offpolicy_deadlines.py",
     "tests/loops/test_onpolicy_faults.py", "tests/loops/test_actor_learner_cartpole.py",
     "tests/loops/test_grpo_async.py", "tests/loops/test_ppo_cartpole.py", "tests/loops/test_onpolicy_topologies.py",
