@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 # xdist workers for `make test`: the suite is mostly waits (Ray start-up, deadlines, restarts, Slurm), so two
-# workers overlap them on a 2-core machine; tests/conftest.py groups each module's tests on one worker.
+# workers overlap them on a 2-core machine; a module's tests run on one worker, the longest modules first (tests/conftest.py).
 TEST_WORKERS ?= 2
 
 .PHONY: help install run test test-fast clean
@@ -22,10 +22,10 @@ run: $(STAMP)    ## train the embedded default (SAC on Pendulum, env reward, loc
 	$(BIN)/rlfarm train $(ARGS)
 
 test: $(STAMP)   ## all tests except GPU-only ones (slow learning tests included)
-	$(BIN)/python -m pytest -m "not gpu" -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
+	$(BIN)/python -m pytest -m "not gpu" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 test-fast: $(STAMP) ## skip slow learning tests too
-	$(BIN)/python -m pytest -m "not gpu and not slow" -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
+	$(BIN)/python -m pytest -m "not gpu and not slow" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 clean:           ## remove the venv and run outputs
 	rm -rf $(VENV) runs multirun outputs

@@ -10,25 +10,21 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
-# `make test` runs the suite on xdist workers with `--dist loadgroup`. One unit of work is a module (its
-# module-scoped Ray starts once) or, for the modules that share the session's trained runs (`tiny_sweep`,
-# `sac_pendulum_run`), all of them (those runs are trained once, not once per worker). Units start longest
-# first, so no long one is left to run alone at the end; the list is the CI's --durations, heaviest first.
+# `make test` runs the suite on xdist workers with `--dist loadfile`: a module is one unit of work (its
+# module-scoped Ray starts once). (`--dist loadgroup` would let the modules sharing the session's trained runs go
+# to one worker, but pytest 9.2 ignores the node-id suffix xdist 3.8 groups by.) Units start longest first, so no
+# long one is left to run alone at the end; the list is the CI's --durations, heaviest first.
 SHARED_RUNS = ("tests/cli/test_cli.py", "tests/commands/test_eval.py", "tests/commands/test_fit_reward.py",
                "tests/commands/test_report.py", "tests/loops/test_sac_learns.py")
 LONGEST_FIRST = (
-    "tests/slurm/test_slurm.py", *SHARED_RUNS, "tests/multinode/test_two_nodes.py", "tests/loops/test_vla_simplevla.py",
+    "tests/slurm/test_slurm.py", *SHARED_RUNS, "tests/multinode/test_two_nodes.py",
+    "tests/loops/test_vla_simplevla.py",
     "tests/loops/test_worker_failure.py", "tests/loops/test_offpolicy_deadlines.py",
     "tests/loops/test_onpolicy_faults.py", "tests/loops/test_actor_learner_cartpole.py",
     "tests/loops/test_grpo_async.py", "tests/loops/test_ppo_cartpole.py", "tests/loops/test_onpolicy_topologies.py",
     "tests/loops/test_ppo_lm_digits.py", "tests/loops/test_grpo_resume.py", "tests/loops/test_vla_ppo.py",
     "tests/loops/test_resume.py", "tests/loops/test_reward_faults.py", "tests/loops/test_grpo_digits.py",
 )
-
-
-def _unit_of(item) -> str:
-    path = item.nodeid.split("::", 1)[0]
-    return "shared_runs" if path in SHARED_RUNS else path
 
 
 def _rank(item) -> int:
@@ -39,9 +35,6 @@ def _rank(item) -> int:
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(_unit_of(item)))
     items.sort(key=_rank)  # stable: a module's tests keep their order
     if torch.cuda.is_available():
         return
