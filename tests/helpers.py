@@ -18,9 +18,11 @@ PENDULUM_SAC_64 = ["model.actor.hidden=[64,64]", "model.critic.hidden=[64,64]", 
                    "algo.learning_starts=1000"]
 
 
-def rlfarm(*args, cwd=None, timeout=600):
+def rlfarm(*args, cwd=None, timeout=600, columns=None):
+    """`rlfarm <args>` in a subprocess; columns: the terminal width its tables are drawn for (80 without a tty)."""
+    env = ENV if columns is None else {**ENV, "COLUMNS": str(columns)}
     return subprocess.run([sys.executable, "-m", "rlfarm.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=ENV)
+                          timeout=timeout, cwd=cwd, env=env)
 
 
 def train(run_dir, *overrides, timeout=600):

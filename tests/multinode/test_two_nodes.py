@@ -19,7 +19,8 @@ def roles_by_node(run_dir) -> dict[str, set[str]]:
 
 
 def test_plan_shows_each_role_on_the_node_its_pool_is_pinned_to(two_nodes):
-    out = rlfarm("plan", "topology=two_node_cpu", f"ray.address={two_nodes.address}", timeout=120)
+    # wide enough that no cell wraps (at 80 columns the node cell wraps below the role's line)
+    out = rlfarm("plan", "topology=two_node_cpu", f"ray.address={two_nodes.address}", timeout=120, columns=200)
     assert out.returncode == 0, out.stderr[-2000:]
     node_a, node_b = two_nodes.node_id("a")[:8], two_nodes.node_id("b")[:8]
     rows = {line.split("│")[1].strip(): line for line in out.stdout.splitlines() if line.count("│") > 3}
