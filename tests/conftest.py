@@ -35,7 +35,8 @@ def _rank(item) -> int:
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    items.sort(key=_rank)  # stable: a module's tests keep their order
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one process keeps the files' order
+        items.sort(key=_rank)  # stable: a module's tests keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
