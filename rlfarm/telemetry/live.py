@@ -17,6 +17,8 @@ import logging
 import sys
 import time
 
+import threading
+
 from rich.console import Console
 from rich.highlighter import NullHighlighter
 from rich.live import Live
@@ -40,6 +42,20 @@ def _fmt(fmt: str, value) -> str:
     return "-" if value is None else fmt.format(value)
 
 
+class _OneWriterConsole(Console):
+    """A console whose prints run one at a time, under the live's own lock. Rich computes a print's cursor-up over
+    the table drawn last, then renders the table anew, outside any lock; a log line printed while the refresh thread
+    draws could so move up over a table not yet drawn (or drawn at another height) and leave a torn copy of the
+    header behind (seen under load in CI). One re-entrant lock for both keeps the order the live already takes:
+    refresh → print."""
+
+    lock: threading.RLock
+
+    def print(self, *args, **kwargs) -> None:
+        with self.lock:
+            super().print(*args, **kwargs)
+
+
 class LiveView:
     def __init__(self, title: str, mode: str | bool = "auto", log_every_s: float = 10.0, *, columns: Columns,
                  total_env_steps: int | None = None):
@@ -47,13 +63,14 @@ class LiveView:
         (`run.family.columns`). `total_env_steps`: the budget the ETA shown is counted towards (None: the row's own
         eta_s)."""
         self.columns, self.footer, self.kept = columns.shown, columns.footer, set(columns.kept)
-        console = Console(file=sys.stdout)
+        console = _OneWriterConsole(file=sys.stdout)
         self.enabled = console.is_terminal if mode == "auto" else bool(mode)
         self.title, self.log_every_s, self._last_log = title, log_every_s, 0.0
         self.total_env_steps = total_env_steps
         self.rates = {key: SmoothedRate() for key in RATE_COUNTS}
         self.live = Live(console=console, refresh_per_second=2, transient=False, redirect_stdout=True,
                          redirect_stderr=True) if self.enabled else None
+        console.lock = getattr(self.live, "_lock", None) or threading.RLock()  # rich's Live has held one since 10.x
         self._swapped: list[tuple[logging.Logger, logging.Handler, logging.Handler]] = []
 
     def __enter__(self) -> "LiveView":
