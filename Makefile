@@ -4,11 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
-# xdist workers for `make test` (0: one process). `make test TEST_WORKERS=2` overlaps the suite's waits (Ray start-up,
-# deadlines, restarts, Slurm): 43 min of tests instead of about 60 on the 2-core CI machine, but under that load the
-# live view's real-terminal test saw a torn redraw, so CI stays serial. A module's tests run on one worker, the
-# longest modules first (tests/conftest.py; --no-loadscope-reorder keeps that order).
-TEST_WORKERS ?= 0
+# xdist workers for `make test` (0: one process). Two overlap the suite's waits (Ray start-up, deadlines, restarts,
+# Slurm) on the 2-core CI machine. A module's tests run on one worker, the longest modules first (tests/conftest.py;
+# --no-loadscope-reorder keeps that order).
+TEST_WORKERS ?= 2
 
 .PHONY: help install run test test-fast clean
 help:            ## list targets

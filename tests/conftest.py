@@ -15,13 +15,13 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # to one worker, but pytest 9.2 ignores the node-id suffix xdist 3.8 groups by.) Units start longest first, so no
 # long one is left to run alone at the end; the list is the CI's --durations, heaviest first.
 SHARED_RUNS = ("tests/cli/test_cli.py", "tests/commands/test_eval.py", "tests/commands/test_fit_reward.py",
-               "tests/commands/test_report.py", "tests/loops/test_sac_learns.py")
+               "tests/commands/test_report.py")
 LONGEST_FIRST = (
-    "tests/slurm/test_slurm.py", *SHARED_RUNS, "tests/multinode/test_two_nodes.py",
+    "tests/loops/test_sac_learns.py", "tests/slurm/test_slurm.py", *SHARED_RUNS, "tests/multinode/test_two_nodes.py",
     "tests/loops/test_vla_simplevla.py",
     "tests/loops/test_worker_failure.py", "tests/loops/test_offpolicy_deadlines.py",
     "tests/loops/test_onpolicy_faults.py", "tests/loops/test_actor_learner_cartpole.py",
-    "tests/loops/test_grpo_async.py", "tests/loops/test_ppo_cartpole.py", "tests/loops/test_onpolicy_topologies.py",
+    "tests/loops/test_ppo_cartpole.py", "tests/loops/test_onpolicy_topologies.py",
     "tests/loops/test_ppo_lm_digits.py", "tests/loops/test_grpo_resume.py", "tests/loops/test_vla_ppo.py",
     "tests/loops/test_resume.py", "tests/loops/test_reward_faults.py", "tests/loops/test_grpo_digits.py",
 )
@@ -109,15 +109,3 @@ def tiny_sweep(tmp_path_factory):
     assert out.returncode == 0, out.stderr[-3000:]
     assert (root / "0" / "summary.json").exists() and (root / "1" / "summary.json").exists()
     return root
-
-
-@pytest.fixture(scope="session")
-def sac_pendulum_run(tmp_path_factory):
-    """SAC on Pendulum with the env's reward (helpers.PENDULUM_SAC_64). Shared by the SAC learning test and the
-    fitted-reward test, which compares against it."""
-    from helpers import PENDULUM_SAC_64, train
-
-    run_dir = tmp_path_factory.mktemp("sac_pendulum") / "run"
-    out = train(run_dir, *PENDULUM_SAC_64, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return run_dir

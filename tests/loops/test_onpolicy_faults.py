@@ -1,7 +1,7 @@
 """Faults in the synchronous families, as a user meets them (a subprocess `rlfarm train`, real Ray and Hydra; the
-role's pid from the run dir's roles.json): a learner SIGSTOPped mid-run ends a GRPO run and a PPO run within
-run.role_timeout_s + 30 s with one line naming it and the resume command, and the GRPO run resumes from its newest
-checkpoint; an engine SIGKILLed mid-run is restarted and the run finishes."""
+role's pid from the run dir's roles.json): an engine (GRPO) or a runner (PPO) SIGKILLed mid-run is restarted and
+the run goes on; a learner SIGSTOPped mid-run then ends the run within run.role_timeout_s + 30 s with one line
+naming it and the resume command, and the GRPO run resumes from its newest checkpoint."""
 import json
 import os
 import signal
@@ -71,45 +71,38 @@ def stop_learner_and_expect_one_line(run_dir, proc: subprocess.Popen, after_rows
 
 
 @pytest.mark.slow
-def test_a_stopped_grpo_learner_ends_the_run_in_one_line_and_the_run_resumes(tmp_path):
+def test_a_killed_grpo_engine_is_restarted_then_a_stopped_learner_ends_the_run_in_one_line_and_it_resumes(tmp_path):
+    """One GRPO run (two engines, one step ahead) for both faults, as the PPO test below: engine 1 SIGKILLed is
+    restarted and the steps go on, every update once; then the learner SIGSTOPped ends the run in one line, and the
+    command it gives resumes the run from its newest checkpoint."""
     run_dir = tmp_path / "run"
-    args = [*GRPO, "algo.max_updates=14", "run.checkpoint_every_updates=2"]
+    args = [*GRPO, "algo.max_updates=200", "topology.roles.engine.count=2", "algo.max_staleness=1", "ray.num_cpus=4",
+            "run.checkpoint_every_updates=2"]
     proc = start(run_dir, *args)
-    stop_learner_and_expect_one_line(run_dir, proc, after_rows=5)
-    assert list((run_dir / "checkpoints").glob("step_*.pt")), "no periodic checkpoint to resume from"
-    # the command the line gave, as the user would type it, with a larger budget: `algo.max_updates` is checked
-    # against the resumed run's config (GRPO's), not the default composition's (SAC has no such key)
-    out = subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", f"resume={run_dir}", "algo.max_updates=16"],
-                         capture_output=True, text=True, env=ENV, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "ignored" not in out.stdout + out.stderr  # the run's own overrides compose what it saved: nothing differs
-    assert "resumed from" in (run_dir / "train.log").read_text()
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["updates"] == 16 and [r["updates"] for r in rows(run_dir)] == list(range(1, 17))
-
-
-@pytest.mark.slow
-def test_a_killed_grpo_engine_is_restarted_and_the_run_finishes(tmp_path):
-    run_dir = tmp_path / "run"
-    updates = 16
-    proc = start(run_dir, *GRPO, f"algo.max_updates={updates}", "topology.roles.engine.count=2",
-                 "algo.max_staleness=1", "ray.num_cpus=4")
     try:
         wait_for(lambda: len(rows(run_dir)) >= 3 and pid_of(run_dir, "engine", 1), 300, proc)
         engine = pid_of(run_dir, "engine", 1)
         os.kill(engine, signal.SIGKILL)
-        proc.wait(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    err = proc.stderr.read()
-    assert proc.returncode == 0, err[-3000:]
-    log = (run_dir / "train.log").read_text()
-    assert f"engine 1 (pid {engine}) died; restarted as pid" in log
-    now = pid_of(run_dir, "engine", 1)
-    assert now != engine
+        wait_for(lambda: pid_of(run_dir, "engine", 1) not in (None, engine), 300, proc)
+        restarted_at = len(rows(run_dir))
+        wait_for(lambda: len(rows(run_dir)) >= restarted_at + 2, 300, proc)  # steps go on with the new engine
+    except BaseException:
+        proc.kill()
+        raise
+    stop_learner_and_expect_one_line(run_dir, proc, after_rows=restarted_at + 2)
+    assert f"engine 1 (pid {engine}) died; restarted as pid" in (run_dir / "train.log").read_text()
+    assert list((run_dir / "checkpoints").glob("step_*.pt")), "no periodic checkpoint to resume from"
+    # the command the line gave, as the user would type it, with another budget: `algo.max_updates` is checked
+    # against the resumed run's config (GRPO's), not the default composition's (SAC has no such key)
+    stopped_at = len(rows(run_dir))
+    out = subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", f"resume={run_dir}",
+                          f"algo.max_updates={stopped_at + 2}"], capture_output=True, text=True, env=ENV, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ignored" not in out.stdout + out.stderr  # the run's own overrides compose what it saved: nothing differs
+    assert "resumed from" in (run_dir / "train.log").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
     logged = rows(run_dir)
-    assert [r["updates"] for r in logged] == list(range(1, updates + 1))  # every step trained once
+    assert summary["updates"] == stopped_at + 2 and [r["updates"] for r in logged] == list(range(1, stopped_at + 3))
     assert all(r["staleness"] <= 1 for r in logged)
 
 
