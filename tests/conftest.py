@@ -23,7 +23,7 @@ LONGEST_FIRST = (
     "tests/loops/test_onpolicy_faults.py", "tests/loops/test_actor_learner_cartpole.py",
     "tests/loops/test_ppo_cartpole.py", "tests/loops/test_onpolicy_topologies.py",
     "tests/loops/test_ppo_lm_digits.py", "tests/loops/test_grpo_resume.py", "tests/loops/test_vla_ppo.py",
-    "tests/loops/test_resume.py", "tests/loops/test_reward_faults.py", "tests/loops/test_grpo_digits.py",
+    "tests/loops/test_resume.py", "tests/loops/test_reward_faults.py",
 )
 
 

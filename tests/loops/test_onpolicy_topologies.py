@@ -22,6 +22,12 @@ def first_rows(tmp_path, topology, gpus, *overrides):
     RUNS[key] = metrics_rows(run_dir)
     if topology == "colocated":  # what `rlfarm report` draws of a GRPO run
         report_of_one_run(run_dir, {"reward", "response_len", "kl", "update_entropy", "staleness", "stage_times"})
+        # synchronous, fp32 engine and learner on CPU: every rollout came from the newest weights, and every update
+        # starts on the engine's policy (logprob mismatch ~0); every sample counted once; the final weights saved
+        rows, summary = metrics_rows(run_dir), read_summary(run_dir)
+        assert [row["updates"] for row in rows] == [1, 2] and all(row["staleness"] == 0 for row in rows)
+        assert all(0 <= row["engine_logprob_gap"] < 1e-4 for row in rows), rows
+        assert summary["samples"] == 2 * 4 * 8 and (run_dir / "checkpoints" / "final.pt").exists()
     if topology == "split_2_1":
         assert read_summary(run_dir)["learner_ranks"] == 2
         assert (run_dir / "checkpoints" / "final.pt").exists()  # rank 0 wrote it (under FSDP: gathered)
