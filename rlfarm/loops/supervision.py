@@ -162,42 +162,20 @@ class Supervisor:
 
     def wait_until_back(self, worker: Worker, timeout_s: float, interrupted: Callable[[], bool] | None = None) -> int:
         """Block until Ray has restarted the worker (at most `timeout_s`; Interrupted when `interrupted()` turns
-        true meanwhile); returns its new pid."""
-        if not self._may_restart(worker):
-            raise WorkerLost(f"{worker.name} died and run.max_restarts={self.max_restarts} is used up "
-                             f"(raise it, or resume the run: rlfarm train resume=<run_dir>)")
-        started = time.monotonic()
-        deadline, lost = started + timeout_s, None
-        while time.monotonic() < deadline:
-            if interrupted is not None and interrupted():
-                raise Interrupted(f"{worker.name} was not waited for")
-            try:
-                stats = self.calls.get(worker.actor.stats.remote(), timeout=min(max(deadline - time.monotonic(), 0.1), 1.0))
-            except ray.exceptions.ActorDiedError as error:
-                raise WorkerLost(self._node_lost_line(lost, worker) if lost else
-                                 f"{worker.name} died and was not restarted: {_first_line(error)}") from None
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                if lost is None and worker.node is not None and (lost := self.calls.lost_node(worker.node)):
-                    if self.lost_node_wait_s is not None:
-                        deadline = min(deadline, started + self.lost_node_wait_s)
-                time.sleep(SLICE_S)
-                continue
-            if stats["pid"] != worker.pid:
-                return stats["pid"]
-            time.sleep(0.1)  # the old incarnation's pid: Ray has not noticed the death yet
-        if lost:
-            raise WorkerLost(self._node_lost_line(lost, worker))
-        raise WorkerLost(f"{worker.name} died and did not come back within {timeout_s:g} s")
-
-    def _node_lost_line(self, node: str, worker: Worker) -> str:
-        """A dead node's roles did not come back: name the node, all its roles, and how to go on."""
-        names = [role.name if role.kind != "learner" else "the learner"
-                 for role in [*self.learners, *self.workers] if role.node == worker.node]
-        waited = self.lost_node_wait_s
-        resume = f"rlfarm train resume={self.roles_file.parent}" if self.roles_file else "rlfarm train resume=<run_dir>"
-        return (f"{node} was lost with {', '.join(names)}: not restarted elsewhere"
-                f"{f' within {waited:g} s' if waited is not None else ''}; bring the node back (or pick a topology "
-                f"without it) and resume from the newest checkpoint: {resume}")
+        true meanwhile); returns its new pid. A worker out of restarts, or one whose node was lost, ends the run."""
+        try:
+            if not self._may_restart(worker):
+                raise NodeLost.or_else(
+                    node_verdict(self.calls, worker.actor, worker.node, self.lost_node_wait_s, interrupted),
+                    f"{worker.name} died and run.max_restarts={self.max_restarts} is used up "
+                    "(raise it, or resume the run: rlfarm train resume=<run_dir>)")
+            return wait_until_restarted(self.calls, worker.name, worker.actor, worker.pid, worker.node, timeout_s,
+                                        self.lost_node_wait_s, interrupted)
+        except NodeLost as lost:
+            names = [role.name if role.kind != "learner" else "the learner"
+                     for role in [*self.learners, *self.workers] if role.node == worker.node]
+            raise WorkerLost(node_lost_line(lost.node, names, self.lost_node_wait_s,
+                                            self.roles_file.parent if self.roles_file else None)) from None
 
     def _may_restart(self, worker: Worker) -> bool:
         return worker.restarts < self.max_restarts and (self.max_incarnations is None
@@ -240,6 +218,75 @@ class Supervisor:
         tmp = self.roles_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(table, indent=1))
         tmp.replace(self.roles_file)
+
+
+class NodeLost(WorkerLost):
+    """A worker's node was declared dead by Ray and the worker did not come back; `node`: how a line names the
+    node. The caller names the node's roles (`node_lost_line`), as only it knows them all."""
+
+    def __init__(self, node: str):
+        super().__init__(node)
+        self.node = node
+
+    @staticmethod
+    def or_else(node: str | None, line: str) -> WorkerLost:
+        """NodeLost when Ray declared the node dead, else WorkerLost(line)."""
+        return NodeLost(node) if node else WorkerLost(line)
+
+
+def wait_until_restarted(calls: RayCalls, name: str, actor, pid: int | None, node: str | None, timeout_s: float,
+                         lost_node_wait_s: float | None = None, interrupted: Callable[[], bool] | None = None) -> int:
+    """A dead worker's new pid, once Ray has restarted it (asked through its `stats()`), within `timeout_s`. Once
+    Ray has declared the worker's `node` dead, it is waited for at most `lost_node_wait_s` from the start (Ray
+    restarts it elsewhere if its placement allows; a pool pinned to that node does not) and then NodeLost.
+    Interrupted when `interrupted()` turns true; WorkerLost when it is not restarted or does not come back."""
+    started = time.monotonic()
+    deadline, lost = started + timeout_s, None
+    while time.monotonic() < deadline:
+        if interrupted is not None and interrupted():
+            raise Interrupted(f"{name} was not waited for")
+        try:
+            stats = calls.get(actor.stats.remote(), timeout=min(max(deadline - time.monotonic(), 0.1), 1.0))
+        except ray.exceptions.ActorDiedError as error:
+            raise NodeLost.or_else(lost or node_verdict(calls, actor, node, lost_node_wait_s, interrupted),
+                                   f"{name} died and was not restarted: {_first_line(error)}") from None
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            if lost is None and node is not None and (lost := calls.lost_node(node)):
+                if lost_node_wait_s is not None:
+                    deadline = min(deadline, started + lost_node_wait_s)
+            time.sleep(SLICE_S)
+            continue
+        if stats["pid"] != pid:
+            return stats["pid"]
+        time.sleep(0.1)  # the old incarnation's pid: Ray has not noticed the death yet
+    raise NodeLost.or_else(lost, f"{name} died and did not come back within {timeout_s:g} s")
+
+
+def node_verdict(calls: RayCalls, actor, node: str | None, wait_s: float | None,
+                 interrupted: Callable[[], bool] | None = None) -> str | None:
+    """For a worker that died and will not be restarted: how a line names its node once Ray has declared that node
+    dead, or None when its node lives. A node switched off tells no one: Ray declares it dead only once its health
+    checks fail, seconds after its workers' calls failed. Until then Ray's actor table still holds the worker as
+    alive (a worker that died alone is recorded dead by its raylet at once), so the verdict is waited for while it
+    does, at most `wait_s`."""
+    if node is None:
+        return None
+    deadline = time.monotonic() + (wait_s or 0.0)
+    while True:
+        recorded_alive = calls.actor_state(actor) == "ALIVE"  # read first: a node's death is recorded before its actors'
+        if lost := calls.lost_node(node):
+            return lost
+        if not recorded_alive or time.monotonic() >= deadline or (interrupted is not None and interrupted()):
+            return None
+        time.sleep(SLICE_S)
+
+
+def node_lost_line(node: str, roles: list[str], waited_s: float | None, run_dir: Path | None) -> str:
+    """The one line that ends a run whose node was lost: the node, every role it held, and how to go on."""
+    resume = f"rlfarm train resume={run_dir}" if run_dir else "rlfarm train resume=<run_dir>"
+    return (f"{node} was lost with {', '.join(roles)}: not restarted elsewhere"
+            f"{f' within {waited_s:g} s' if waited_s is not None else ''}; bring the node back (or pick a topology "
+            f"without it) and resume from the newest checkpoint: {resume}")
 
 
 def _first_line(error: BaseException) -> str:

@@ -1,7 +1,12 @@
 """Pools pinned to nodes (pure planning, no Ray): a CPU pool's bundles, the node resource in every bundle of a
-pinned pool, and the one line when the cluster has no node with that resource."""
+pinned pool, a node that joins late waited for (run.restart_timeout_s), and the one line when the cluster has no
+node with that resource."""
+import logging
+import time
+
 import pytest
 
+from rlfarm.cluster import wait_for_pinned_nodes
 from rlfarm.config import compose
 from rlfarm.errors import TopologyError
 from rlfarm.families import LLM, OFFPOLICY
@@ -33,6 +38,22 @@ def test_a_cluster_without_the_pinned_resource_is_refused_in_one_line():
     check_cluster(plan, {"CPU": 4, "node_a": 1, "node_b": 1})
     with pytest.raises(TopologyError, match="pins pool 'reward' to a node with the resource 'node_b', which no node"):
         check_cluster(plan, {"CPU": 4, "node_a": 1})
+
+
+def test_a_node_that_joins_late_is_waited_for_and_one_that_never_comes_is_named(caplog):
+    plan = plan_topology(compose("train", ["topology=two_node_cpu"]).topology, OFFPOLICY)
+    node_a_only, both = {"CPU": 2, "node_a": 1}, {"CPU": 4, "node_a": 1, "node_b": 1}
+    answers = iter([node_a_only, node_a_only, node_a_only, both])  # node B joins at the fourth look
+    with caplog.at_level(logging.INFO, logger="rlfarm"):
+        wait_for_pinned_nodes(plan, lambda: next(answers), wait_s=10, poll_s=0.01)
+    assert next(answers, None) is None  # asked until it came, not after
+    assert [r.getMessage() for r in caplog.records] == ["waiting for a node with node_b (up to 10 s) …"]
+
+    started = time.monotonic()
+    with pytest.raises(TopologyError, match="resource 'node_b', which no node of the cluster has after 0.3 s "
+                                            r"\(run.restart_timeout_s\)"):
+        wait_for_pinned_nodes(plan, lambda: node_a_only, wait_s=0.3, poll_s=0.05)
+    assert 0.3 <= time.monotonic() - started < 2
 
 
 @pytest.mark.parametrize("pool, problem", [({"gpus": 0, "node": ""}, "must name a custom resource"),
