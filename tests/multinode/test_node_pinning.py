@@ -7,6 +7,7 @@ import time
 import pytest
 
 from rlfarm.cluster import wait_for_pinned_nodes
+from rlfarm.commands.plan import transport_lines
 from rlfarm.config import compose
 from rlfarm.errors import TopologyError
 from rlfarm.families import LLM, OFFPOLICY
@@ -63,3 +64,19 @@ def test_bad_pinning_is_one_line(pool, problem):
                 "roles": {"learner": {"pool": "p", "cpus": 0}, "env_runner": {}, "labeler": {}}}
     with pytest.raises(TopologyError, match=problem):
         plan_topology(topology, OFFPOLICY)
+
+
+def test_plan_names_nccl_for_an_llm_learners_weights_to_engines_on_gpus_and_the_object_store_otherwise():
+    row = lambda role, node, gpus: {"role": role, "index": 0, "node": node, "node_label": f"{node} node_{node}",  # noqa: E731
+                                    "gpu_ids": gpus}
+    across = [row("learner", "a", ["0"]), row("engine", "b", ["0"]), row("labeler", "b", [])]
+    assert transport_lines(across, "auto") == [
+        "transports (roles on 2 nodes):", "  learner → engine (weights): NCCL broadcast",
+        "  engine → labeler (data): shared memory (b node_b's object store)",
+        "  labeler → learner (data): object store across raylets (b node_b → a node_a)",
+        "  engine → learner (data): object store across raylets (b node_b → a node_a)"]
+    assert transport_lines(across, "object_store")[1] == \
+        "  learner → engine (weights): object store across raylets (a node_a → b node_b)"
+    shared_gpu = [row("learner", "a", ["0"]), row("engine", "a", ["0"]), row("labeler", "b", [])]
+    assert transport_lines(shared_gpu, "auto")[1] == "  learner → engine (weights): CUDA IPC"
+    assert transport_lines([row("learner", "a", ["0"]), row("engine", "a", ["1"])], "auto") == []  # one node

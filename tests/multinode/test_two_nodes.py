@@ -28,6 +28,12 @@ def test_plan_shows_each_role_on_the_node_its_pool_is_pinned_to(two_nodes):
         assert f"{node_a} node_a" in rows[role], out.stdout
     for role in ("labeler[0]", "labeler[1]"):
         assert f"{node_b} node_b" in rows[role], out.stdout
+    # and how weights and data cross: the labelers' chunks go between the nodes' object stores
+    lines = out.stdout[out.stdout.index("transports (roles on 2 nodes):"):].splitlines()
+    assert lines[1:4] == [f"  learner → env_runner (weights): shared memory ({node_a} node_a's object store)",
+                          f"  env_runner → labeler (data): object store across raylets ({node_a} node_a → {node_b} node_b)",
+                          f"  labeler → learner (data): object store across raylets ({node_b} node_b → {node_a} node_a)"], \
+        out.stdout
 
 
 def test_sac_through_two_nodes_labels_on_node_b_and_stores_every_transition(two_nodes, tmp_path):
