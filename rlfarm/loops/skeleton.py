@@ -29,7 +29,8 @@ from rlfarm.loops.checkpoints import PeriodicCheckpoints, step_name
 from rlfarm.loops.deadlines import RoleFailed, Watched, ask, described
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.ray_calls import RAY, RayCalls
-from rlfarm.loops.supervision import NodeLost, node_lost_line, node_verdict, wait_until_restarted
+from rlfarm.loops.supervision import (NodeLost, checkpoint_at_node_loss, node_lost_line, node_verdict,
+                                      wait_until_restarted)
 from rlfarm.telemetry.live import LiveView
 
 log = logging.getLogger("rlfarm")
@@ -116,12 +117,8 @@ class SyncLoop(PeriodicCheckpoints):
     def _node_lost(self, label: str, node: str) -> str:
         """The lost node's line, written once the learner (on another node) has checkpointed where possible: a
         resume then continues from this update, not from the last periodic checkpoint."""
-        if self.nodes.get("learner") not in (None, node):
-            try:
-                log.warning("%s was lost: checkpointing before the run ends", label)
-                self.checkpoint(step_name(self.progress["updates"]))
-            except Exception as error:  # noqa: BLE001 - the line still ends the run; the periodic ones remain
-                log.warning("no checkpoint at the node's loss: %s", error)
+        checkpoint_at_node_loss(label, node, self.nodes.get("learner"),
+                                lambda: self.checkpoint(step_name(self.progress["updates"])))
         names = [role for role, where in self.nodes.items() if where == node]
         return node_lost_line(label, names, float(self.cfg.run.role_timeout_s), self.run.dir)
 

@@ -54,12 +54,12 @@ class Supervisor:
     def __init__(self, learner, runners: list, labelers: list, max_restarts: int, roles_file: Path | None = None,
                  engines: list = (), max_incarnations: int | None = None, calls: RayCalls = RAY,
                  learner_ranks: list = (), merge_stats: Callable[[dict, list[dict]], dict] | None = None,
-                 lost_node_wait_s: float | None = None):
+                 lost_node_wait_s: float | None = None, checkpoint: Callable[[], object] | None = None):
         """`max_incarnations`: a worker is not restarted into more (an off-policy runner's chunk ids have room for
         that many, rlfarm/loops/ledger.py); None: only `max_restarts` bounds it. `learner_ranks`: the learner's
         other data-parallel ranks (1..N-1), watched like it; `learner.stats` is then rank 0's with theirs merged in
         by `merge_stats` (rlfarm/loops/learner_group.py). `lost_node_wait_s`: how long a worker whose node died is
-        waited for (None: as long as any dead worker)."""
+        waited for (None: as long as any dead worker). `checkpoint`: writes one now (`checkpoint_at_node_loss`)."""
         # the learner is watched (stats, deadline) but never restarted: it is not among `workers`
         self.learner = Worker("learner", 0, learner)
         self.learner_ranks = [Worker("learner rank", i, rank) for i, rank in enumerate(learner_ranks, 1)]
@@ -74,6 +74,7 @@ class Supervisor:
         self.calls = calls
         self.recoveries: list[dict] = []
         self.lost_node_wait_s = lost_node_wait_s
+        self.checkpoint = checkpoint
 
     def of(self, kind: str) -> list[Worker]:
         return [w for w in self.workers if w.kind == kind]
@@ -172,6 +173,8 @@ class Supervisor:
             return wait_until_restarted(self.calls, worker.name, worker.actor, worker.pid, worker.node, timeout_s,
                                         self.lost_node_wait_s, interrupted)
         except NodeLost as lost:
+            if self.checkpoint is not None:
+                checkpoint_at_node_loss(lost.node, worker.node, self.learner.node, self.checkpoint)
             names = [role.name if role.kind != "learner" else "the learner"
                      for role in [*self.learners, *self.workers] if role.node == worker.node]
             raise WorkerLost(node_lost_line(lost.node, names, self.lost_node_wait_s,
@@ -273,12 +276,26 @@ def node_verdict(calls: RayCalls, actor, node: str | None, wait_s: float | None,
         return None
     deadline = time.monotonic() + (wait_s or 0.0)
     while True:
-        recorded_alive = calls.actor_state(actor) == "ALIVE"  # read first: a node's death is recorded before its actors'
+        # read first: Ray records a node's death before its actors'
+        recorded_alive = calls.actor_state(actor) == "ALIVE"
         if lost := calls.lost_node(node):
             return lost
         if not recorded_alive or time.monotonic() >= deadline or (interrupted is not None and interrupted()):
             return None
         time.sleep(SLICE_S)
+
+
+def checkpoint_at_node_loss(node: str, lost: str | None, learner_node: str | None, write: Callable[[], object]) -> None:
+    """Node `lost` (named `node`) is gone and the run ends: where the learner lives on another node, its state now
+    is written (`write`), so a resume continues from here rather than from the last periodic checkpoint. A save
+    that fails is logged; the run ends with its line all the same."""
+    if learner_node in (None, lost):
+        return
+    log.warning("%s was lost: checkpointing before the run ends", node)
+    try:
+        write()
+    except Exception as error:  # noqa: BLE001 - the newest periodic checkpoint remains
+        log.warning("no checkpoint at the node's loss: %s", _first_line(error))
 
 
 def node_lost_line(node: str, roles: list[str], waited_s: float | None, run_dir: Path | None) -> str:

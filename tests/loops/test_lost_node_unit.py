@@ -19,11 +19,11 @@ from test_supervisor_unit import Role
 NODE_A, NODE_B = "a" * 56, "b" * 56
 
 
-def two_node_supervisor(tmp_path, lost_node_wait_s):
+def two_node_supervisor(tmp_path, lost_node_wait_s, checkpoint=None):
     calls = FakeCalls()
     actor = lambda: FakeActor(Role)  # noqa: E731
     sup = Supervisor(actor(), [actor()], [actor(), actor()], 3, tmp_path / "roles.json", calls=calls,
-                     lost_node_wait_s=lost_node_wait_s)
+                     lost_node_wait_s=lost_node_wait_s, checkpoint=checkpoint)
     calls.nodes = {id(sup.learner.actor): NODE_A, id(sup.of("env_runner")[0].actor): NODE_A,
                    **{id(w.actor): NODE_B for w in sup.of("labeler")}}
     sup.poll(0.0)
@@ -39,7 +39,8 @@ def test_roles_json_records_each_roles_node(tmp_path):
 
 
 def test_a_worker_on_a_lost_node_is_waited_for_briefly_then_the_node_and_its_roles_are_named(tmp_path):
-    sup, calls = two_node_supervisor(tmp_path, lost_node_wait_s=0.5)
+    saved = []
+    sup, calls = two_node_supervisor(tmp_path, lost_node_wait_s=0.5, checkpoint=lambda: saved.append("step"))
     labeler = sup.of("labeler")[0]
     labeler.actor.hang()  # Ray's restart waits for a node that holds node_b: none does any more
     calls.lost[NODE_B] = "node bbbbbbbb (10.0.0.2, node_b)"
@@ -50,6 +51,18 @@ def test_a_worker_on_a_lost_node_is_waited_for_briefly_then_the_node_and_its_rol
     assert str(lost.value).startswith("node bbbbbbbb (10.0.0.2, node_b) was lost with labeler 0, labeler 1: not "
                                       "restarted elsewhere within 0.5 s")
     assert f"resume={tmp_path}" in str(lost.value)
+    assert saved == ["step"]  # the learner lives on node A: its state at the loss is written before the run ends
+
+
+def test_no_checkpoint_when_the_lost_node_held_the_learner(tmp_path):
+    saved = []
+    sup, calls = two_node_supervisor(tmp_path, lost_node_wait_s=0.2, checkpoint=lambda: saved.append("step"))
+    runner = sup.of("env_runner")[0]
+    runner.actor.hang()
+    calls.lost[NODE_A] = "node aaaaaaaa (10.0.0.1, node_a)"
+    with pytest.raises(WorkerLost, match="was lost with the learner, env_runner 0"):
+        sup.wait_until_back(runner, timeout_s=60)
+    assert saved == []
 
 
 def test_a_worker_whose_node_lives_is_waited_for_as_before(tmp_path):
