@@ -108,7 +108,7 @@ class SyncLoop(PeriodicCheckpoints):
             role.pid = int(wait_until_restarted(self.calls, described(name, role), role.actor, before, node,
                                                 float(run_cfg.restart_timeout_s), lost_wait_s, interrupted))
         except NodeLost as lost:
-            raise NodeLost(self._node_lost(lost.node, node)) from None
+            raise NodeLost(lost.node, self._node_lost(lost.node, node)) from None
         self.restarts[name] += 1
         self._rewire(name)
         log.warning("%s (pid %s) died; restarted as pid %s", name, before, role.pid)

@@ -13,7 +13,9 @@ or ends the run when restarts are used up. Ray is reached through `calls` (rlfar
 
 A whole node can be lost (a machine off, its raylet killed): every role on it dies at once. `roles.json` records
 each role's node; a worker whose node Ray has declared dead is waited for at most `lost_node_wait_s` (Ray restarts
-it elsewhere if its placement allows), and otherwise the run ends with one line naming the node and its roles."""
+it elsewhere if its placement allows), and otherwise the run ends with one line naming the node and its roles, after
+a checkpoint when the learner lives elsewhere. The wait for a dead worker (`wait_until_restarted`), the lost node's
+line and that checkpoint are functions here that the synchronous loops use as well (rlfarm/loops/skeleton.py)."""
 from __future__ import annotations
 
 import json
@@ -177,8 +179,8 @@ class Supervisor:
                 checkpoint_at_node_loss(lost.node, worker.node, self.learner.node, self.checkpoint)
             names = [role.name if role.kind != "learner" else "the learner"
                      for role in [*self.learners, *self.workers] if role.node == worker.node]
-            raise WorkerLost(node_lost_line(lost.node, names, self.lost_node_wait_s,
-                                            self.roles_file.parent if self.roles_file else None)) from None
+            raise NodeLost(lost.node, node_lost_line(lost.node, names, self.lost_node_wait_s,
+                                                     self.roles_file.parent if self.roles_file else None)) from None
 
     def _may_restart(self, worker: Worker) -> bool:
         return worker.restarts < self.max_restarts and (self.max_incarnations is None
@@ -225,10 +227,11 @@ class Supervisor:
 
 class NodeLost(WorkerLost):
     """A worker's node was declared dead by Ray and the worker did not come back; `node`: how a line names the
-    node. The caller names the node's roles (`node_lost_line`), as only it knows them all."""
+    node. Raised first with the node alone; the caller, which knows all the node's roles, raises it again with
+    the run's line (`node_lost_line`)."""
 
-    def __init__(self, node: str):
-        super().__init__(node)
+    def __init__(self, node: str, line: str | None = None):
+        super().__init__(line or node)
         self.node = node
 
     @staticmethod
