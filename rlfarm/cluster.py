@@ -155,7 +155,7 @@ def wait_for_pinned_nodes(plan: Plan, resources: Callable[[], Mapping[str, float
     every `poll_s`), waiting at most `wait_s` for one that has not joined yet; then `check_cluster` (one line when
     the plan does not fit, naming a node that never came)."""
     available, started = resources(), time.monotonic()
-    if missing := missing_nodes(plan, available):
+    if (missing := missing_nodes(plan, available)) and wait_s > 0:
         logging.getLogger("rlfarm").info("waiting for a node with %s (up to %g s) …",
                                          ", ".join(node for _, node in missing), wait_s)
     while missing and time.monotonic() - started < wait_s:

@@ -83,7 +83,7 @@ def task(cfg: DictConfig) -> list[dict]:
     console = Console()
     console.print(table)
     for line in transport_lines(rows, OmegaConf.select(cfg, "algo.weight_sync")):
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, soft_wrap=True)
     return rows
 
 
