@@ -19,10 +19,32 @@ from test_supervisor_unit import Role
 NODE_A, NODE_B = "a" * 56, "b" * 56
 
 
-def two_node_supervisor(tmp_path, lost_node_wait_s, checkpoint=None):
-    calls = FakeCalls()
-    actor = lambda: FakeActor(Role)  # noqa: E731
-    sup = Supervisor(actor(), [actor()], [actor(), actor()], 3, tmp_path / "roles.json", calls=calls,
+class NodeCalls(FakeCalls):
+    """FakeCalls whose "Ray" declares a node dead only after `verdict_after` looks (its health checks take
+    seconds), and whose actor table holds a worker on a switched-off node as alive until then."""
+
+    def __init__(self, verdict_after: int = 3):
+        super().__init__()
+        self.verdict_after, self.looks = verdict_after, 0
+        self.switched_off: dict[str, str] = {}  # node id → its line, once Ray's verdict is in
+
+    def lost_node(self, node_id: str) -> str | None:
+        self.looks += node_id in self.switched_off
+        if node_id in self.switched_off and self.looks >= self.verdict_after:
+            self.lost[node_id] = self.switched_off[node_id]
+        return super().lost_node(node_id)
+
+    def actor_state(self, actor: FakeActor) -> str:
+        gone = actor.gone is not None or actor.hung
+        return "ALIVE" if not gone or self.nodes.get(id(actor)) in self.switched_off.keys() - self.lost.keys() \
+            else "DEAD"
+
+
+def two_node_supervisor(tmp_path, lost_node_wait_s, checkpoint=None, max_restarts=3):
+    """The learner and a runner on node A, two labelers on node B; out of restarts, Ray does not restart them."""
+    calls = NodeCalls()
+    actor = lambda: FakeActor(Role, restart=max_restarts > 0)  # noqa: E731
+    sup = Supervisor(actor(), [actor()], [actor(), actor()], max_restarts, tmp_path / "roles.json", calls=calls,
                      lost_node_wait_s=lost_node_wait_s, checkpoint=checkpoint)
     calls.nodes = {id(sup.learner.actor): NODE_A, id(sup.of("env_runner")[0].actor): NODE_A,
                    **{id(w.actor): NODE_B for w in sup.of("labeler")}}
@@ -73,38 +95,10 @@ def test_a_worker_whose_node_lives_is_waited_for_as_before(tmp_path):
         sup.wait_until_back(labeler, timeout_s=0.5)
 
 
-class NodeCalls(FakeCalls):
-    """FakeCalls whose "Ray" declares a node dead only after `verdict_after` looks (its health checks take
-    seconds), and whose actor table holds a worker on a switched-off node as alive until then."""
-
-    def __init__(self, verdict_after: int = 3):
-        super().__init__()
-        self.verdict_after, self.looks = verdict_after, 0
-        self.switched_off: dict[str, str] = {}  # node id → its line, once Ray's verdict is in
-
-    def lost_node(self, node_id: str) -> str | None:
-        self.looks += node_id in self.switched_off
-        if node_id in self.switched_off and self.looks >= self.verdict_after:
-            self.lost[node_id] = self.switched_off[node_id]
-        return super().lost_node(node_id)
-
-    def actor_state(self, actor: FakeActor) -> str:
-        gone = actor.gone is not None or actor.hung
-        return "ALIVE" if not gone or self.nodes.get(id(actor)) in self.switched_off.keys() - self.lost.keys() \
-            else "DEAD"
-
-
 def test_out_of_restarts_a_worker_on_a_lost_node_still_names_the_node(tmp_path):
     """run.max_restarts=0: the death is not waited on for a restart, but for Ray's word on the node (the worker's
     calls fail seconds before Ray declares its node dead), and the line names the node and its roles."""
-    calls = NodeCalls()
-    actor = lambda: FakeActor(Role, restart=False)  # noqa: E731
-    sup = Supervisor(actor(), [actor()], [actor(), actor()], 0, tmp_path / "roles.json", calls=calls,
-                     lost_node_wait_s=5.0)
-    calls.nodes = {id(sup.learner.actor): NODE_A, id(sup.of("env_runner")[0].actor): NODE_A,
-                   **{id(w.actor): NODE_B for w in sup.of("labeler")}}
-    sup.poll(0.0)
-    sup.write_roles_file()
+    sup, calls = two_node_supervisor(tmp_path, lost_node_wait_s=5.0, max_restarts=0)
     for labeler in sup.of("labeler"):
         labeler.actor.die()
     calls.switched_off[NODE_B] = "node bbbbbbbb (10.0.0.2, node_b)"
@@ -114,12 +108,8 @@ def test_out_of_restarts_a_worker_on_a_lost_node_still_names_the_node(tmp_path):
 
 
 def test_out_of_restarts_a_worker_that_died_alone_ends_the_run_at_once(tmp_path):
-    sup, calls = two_node_supervisor(tmp_path, lost_node_wait_s=30.0)
-    sup.max_restarts = 0
-    calls.__class__ = NodeCalls  # the same fake world, with an actor table
-    calls.verdict_after, calls.looks, calls.switched_off = 3, 0, {}
+    sup, _ = two_node_supervisor(tmp_path, lost_node_wait_s=30.0, max_restarts=0)
     labeler = sup.of("labeler")[0]
-    labeler.actor.restart = False
     labeler.actor.die()
     started = time.monotonic()
     with pytest.raises(WorkerLost, match="labeler 0 died and run.max_restarts=0 is used up"):
