@@ -7,12 +7,14 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 
 from omegaconf import DictConfig
 
 from rlfarm.errors import ConfigError
-from rlfarm.topology import Plan, check_cluster, local_resources
+from rlfarm.topology import Plan, check_cluster, local_resources, missing_nodes
 
 # Set before Ray starts so that every worker inherits them: headless MuJoCo rendering, quiet Ray.
 WORKER_ENV = {"MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl", "RAY_DEDUP_LOGS": "1"}
@@ -101,7 +103,9 @@ def _host_port(address: str) -> tuple[str, int]:
 
 
 @contextmanager
-def ray_session(ray_cfg: DictConfig, plan: Plan):
+def ray_session(ray_cfg: DictConfig, plan: Plan, wait_s: float = 0.0):
+    """wait_s: how long a joined cluster may take to gain the nodes the plan's pools are pinned to (a node that
+    joins after the driver; `run.restart_timeout_s` for a run)."""
     import ray
 
     for key, value in WORKER_ENV.items():
@@ -114,7 +118,7 @@ def ray_session(ray_cfg: DictConfig, plan: Plan):
         logging.getLogger("rlfarm").info("joining Ray at %s …", address)
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True, runtime_env=_runtime_env())
         try:
-            check_cluster(plan, ray.cluster_resources())
+            wait_for_pinned_nodes(plan, ray.cluster_resources, wait_s)
         except Exception:
             ray.shutdown()
             raise
@@ -142,6 +146,25 @@ def ray_session(ray_cfg: DictConfig, plan: Plan):
         ray.shutdown()
 
 
+NODE_POLL_S = 1.0  # how often the cluster is asked for a node that has not joined yet
+
+
+def wait_for_pinned_nodes(plan: Plan, resources: Callable[[], Mapping[str, float]], wait_s: float,
+                          poll_s: float = NODE_POLL_S) -> None:
+    """Return once the cluster holds every node a pool is pinned to (`resources()`: its total resources, asked
+    every `poll_s`), waiting at most `wait_s` for one that has not joined yet; then `check_cluster` (one line when
+    the plan does not fit, naming a node that never came)."""
+    available, started = resources(), time.monotonic()
+    if (missing := missing_nodes(plan, available)) and wait_s > 0:
+        logging.getLogger("rlfarm").info("waiting for a node with %s (up to %g s) …",
+                                         ", ".join(node for _, node in missing), wait_s)
+    while missing and time.monotonic() - started < wait_s:
+        time.sleep(poll_s)
+        available = resources()
+        missing = missing_nodes(plan, available)
+    check_cluster(plan, available, wait_s)
+
+
 # -- where roles run: node ids for roles.json and `rlfarm plan`, and a node Ray has declared dead ----------------
 RAY_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory", "accelerator_type")
 # node id → its custom resources, noted while it lives: Ray forgets a dead node's resources, a line names them
@@ -160,6 +183,17 @@ def actor_node(actor) -> str | None:
     if node and node not in _NODE_RESOURCES:
         node_labels()  # notes the resources of every node alive now
     return node or None
+
+
+def actor_state(actor) -> str | None:
+    """The state Ray's actor table holds for an actor ("ALIVE", "RESTARTING", "DEAD", ...); None when Ray cannot
+    tell. A worker on a node switched off stays "ALIVE" there until Ray declares the node dead."""
+    from ray._private import state
+
+    try:
+        return state.actors(actor._actor_id.hex()).get("State") or None
+    except Exception:  # noqa: BLE001 - a stand-in role of the unit tests, or Ray gone
+        return None
 
 
 def _custom_resources(node: dict) -> list[str]:

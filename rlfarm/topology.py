@@ -206,8 +206,21 @@ def _visible_gpu_count() -> int:
         return 0
 
 
-def check_cluster(plan: Plan, available: Mapping[str, float]) -> None:
-    """One clear line when the cluster cannot hold the plan."""
+def missing_nodes(plan: Plan, available: Mapping[str, float]) -> list[tuple[str, str]]:
+    """(pool, node resource) for each pinned pool whose node the cluster lacks (none has joined yet)."""
+    return [(pool, node) for pool, node in plan.pool_nodes.items()
+            if plan.bundles.get(pool) and available.get(node, 0.0) < NODE_SHARE * len(plan.bundles[pool]) - 1e-9]
+
+
+def check_cluster(plan: Plan, available: Mapping[str, float], waited_s: float | None = None) -> None:
+    """One clear line when the cluster cannot hold the plan. waited_s: how long the caller waited for the pinned
+    pools' nodes to join (the line says so)."""
+    for pool, node in missing_nodes(plan, available)[:1]:
+        waited = f" after {waited_s:g} s (run.restart_timeout_s)" if waited_s else ""
+        raise TopologyError(f"topology '{plan.name}' pins pool '{pool}' to a node with the resource '{node}', "
+                            f"which no node of the cluster has{waited}",
+                            f"start that node with `ray start --address=<head> --resources='{{\"{node}\": 1}}'` "
+                            "and join the cluster (ray.address=<head>), or pick another topology")
     gpus, cpus = available.get("GPU", 0.0), available.get("CPU", 0.0)
     if plan.total_gpus > gpus:
         raise TopologyError(f"topology '{plan.name}' needs {plan.total_gpus} GPUs but the cluster has {gpus:g}",
@@ -216,12 +229,6 @@ def check_cluster(plan: Plan, available: Mapping[str, float]) -> None:
     if plan.total_cpus > cpus + 1e-9:
         raise TopologyError(f"topology '{plan.name}' needs {plan.total_cpus:g} CPUs but the cluster has {cpus:g}",
                             "lower topology.roles.*.count/cpus or declare more (ray.num_cpus=N)")
-    for pool, node in plan.pool_nodes.items():
-        if plan.bundles.get(pool) and available.get(node, 0.0) < NODE_SHARE * len(plan.bundles[pool]) - 1e-9:
-            raise TopologyError(f"topology '{plan.name}' pins pool '{pool}' to a node with the resource '{node}', "
-                                "which no node of the cluster has",
-                                f"start that node with `ray start --address=<head> --resources='{{\"{node}\": 1}}'` "
-                                "and join the cluster (ray.address=<head>), or pick another topology")
 
 
 class PlacedTopology:

@@ -4,7 +4,12 @@ Probe actors are started exactly where the real roles would be, and report the n
 them; no model is loaded. A node is shown as its id's first 8 characters and its custom resources (what a pool is
 pinned to: `node_b` on topology=two_node_cpu). Exits 2 with one line when the cluster is too small. It writes nothing: no run
 directory, no log file; and it checks only what placement reads (keys and the topology), not the classes a run
-would build (importing them, torch among them, is most of a run's start-up)."""
+would build (importing them, torch among them, is most of a run's start-up).
+
+When the roles sit on more than one node, lines under the table name how each pair of roles that hand each other
+weights or data will do it: through one node's shared-memory object store, across the nodes' object stores
+(raylet to raylet), or over NCCL (CUDA IPC on one GPU) for an LLM learner's weights to engines that hold GPUs
+(as `algo.weight_sync=auto` picks: rlfarm/loops/llm_layout.py)."""
 from __future__ import annotations
 
 import logging
@@ -75,8 +80,51 @@ def task(cfg: DictConfig) -> list[dict]:
     for row, p, render in zip(rows, plan.placements, renders_on):
         table.add_row(f"{row['role']}[{row['index']}]", row["pool"] or "-", gpu_share_label(p), f"{row['cpus']:g}",
                       ",".join(row["gpu_ids"]) or "-", render, row["node_label"])
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for line in transport_lines(rows, OmegaConf.select(cfg, "algo.weight_sync")):
+        console.print(line, highlight=False, soft_wrap=True)
     return rows
+
+
+# Who hands what to whom, by role kind (docs/architecture.md §3): (sender, receiver, weights or data, unless this
+# kind is placed too). A pair is shown where both kinds are placed. Runners' data goes to the learner through the
+# labelers where there are any (the off-policy farm); an engine's rollouts go to the learner where no runner plays
+# (LLM: the VLA's server answers the runners, whose rollouts go to the learner).
+FLOWS = (("learner", "env_runner", "weights", None), ("learner", "engine", "weights", None),
+         ("env_runner", "engine", "data", None), ("env_runner", "labeler", "data", None),
+         ("engine", "labeler", "data", None), ("labeler", "learner", "data", None),
+         ("engine", "learner", "data", "env_runner"), ("env_runner", "learner", "data", "labeler"))
+SYNC_NAMES = {"broadcast": "NCCL broadcast", "ipc": "CUDA IPC"}
+
+
+def transport_lines(rows: list[dict], weight_sync: str | None) -> list[str]:
+    """Per pair of role kinds that exchange weights or data, the transport(s) between their placed instances;
+    nothing when every role is on one node. weight_sync: the LLM learner's `algo.weight_sync` (None: a family
+    whose weights always go through the object store)."""
+    if len({row["node"] for row in rows}) < 2:
+        return []
+    kinds = {row["role"] for row in rows}
+    lines = [f"transports (roles on {len({row['node'] for row in rows})} nodes):"]
+    for sender, receiver, what, unless in FLOWS:
+        if {sender, receiver} <= kinds and unless not in kinds:
+            pairs = [(a, b) for a in rows if a["role"] == sender for b in rows if b["role"] == receiver]
+            used = dict.fromkeys(transport(a, b, weight_sync if what == "weights" else None) for a, b in pairs)
+            lines.append(f"  {sender} → {receiver} ({what}): {'; '.join(used)}")
+    return lines
+
+
+def transport(sender: dict, receiver: dict, weight_sync: str | None) -> str:
+    """How one placed role's weights or data reach another's (rows of `placements_with_gpu_ids`)."""
+    same_node = sender["node"] == receiver["node"]
+    if weight_sync is not None and sender["gpu_ids"] and receiver["gpu_ids"]:
+        shared_gpu = same_node and set(sender["gpu_ids"]) & set(receiver["gpu_ids"])
+        choice = weight_sync if weight_sync != "auto" else ("ipc" if shared_gpu else "broadcast")
+        if choice in SYNC_NAMES:
+            return SYNC_NAMES[choice]
+    if same_node:
+        return f"shared memory ({sender['node_label']}'s object store)"
+    return f"object store across raylets ({sender['node_label']} → {receiver['node_label']})"
 
 
 def render_column(requested: list[int] | None, rows: list[dict]) -> list[str]:

@@ -63,7 +63,7 @@ def task(cfg: DictConfig) -> dict:
         fail(error)
     run = None
     try:
-        with ray_session(cfg.ray, plan):
+        with ray_session(cfg.ray, plan, float(cfg.run.restart_timeout_s)):
             placed = PlacedTopology(plan, float(cfg.ray.ready_timeout_s))
             run = Run(cfg, run_dir)
             summary = train_family(cfg, run, placed, resume_from)

@@ -32,6 +32,11 @@ SIGNAL_GRACE_S = 2.0  # after a role failure: how long to wait for a SIGTERM tha
 PREEMPT_POLL_S = 0.5  # how often a long wait on a stage looks for SIGTERM
 
 
+def step_name(updates: int) -> str:
+    """A periodic checkpoint's file name (and one written when a node is lost): sorted by update."""
+    return f"step_{updates:09d}.pt"
+
+
 class PeriodicCheckpoints:
     """Mixed into a loop that has `cfg` (run.checkpoint_every_*), `run` (dir, checkpoint_dir) and
     `checkpoint(name, **args) -> path` (which asks its learner to save); call `_start_checkpoints` in __init__
@@ -92,7 +97,7 @@ class PeriodicCheckpoints:
     def _maybe_checkpoint(self, updates: int) -> None:
         self._land_checkpoint()
         if self._in_flight is None and self._checkpoint_due(updates):
-            name = f"step_{updates:09d}.pt"
+            name = step_name(updates)
             self._in_flight = (name, self.start_checkpoint(name), time.monotonic())
             self._late_warned = False
             self.schedule_checkpoints_from(updates)

@@ -19,7 +19,7 @@ from typing import Callable
 import ray
 from omegaconf import DictConfig
 
-from rlfarm.loops.checkpoints import PeriodicCheckpoints
+from rlfarm.loops.checkpoints import PeriodicCheckpoints, step_name
 from rlfarm.loops.deadlines import SLICE_S, Interrupted, RoleFailed, RoleUnresponsive
 from rlfarm.loops.learner_watch import LearnerWatch
 from rlfarm.loops.ledger import MAX_INCARNATIONS, Ledger, even_shares
@@ -57,7 +57,9 @@ class OffPolicyLoop(PeriodicCheckpoints):
         self.supervisor = Supervisor(learners.lead, self.roles.runners, self.roles.labelers,
                                      int(cfg.run.max_restarts), run.dir / "roles.json",
                                      max_incarnations=MAX_INCARNATIONS, calls=calls, learner_ranks=learners.others,
-                                     merge_stats=learners.merge_stats, lost_node_wait_s=self.deadline_s)
+                                     merge_stats=learners.merge_stats, lost_node_wait_s=self.deadline_s,
+                                     checkpoint=lambda: self.checkpoint(  # when a node is lost
+                                         step_name(self.supervisor.learner.stats.get("updates", 0))))
         self.ledger = Ledger(self.supervisor)
         self.rewiring = Rewiring(self.roles, self.supervisor, self.ledger, self._ask_all)
         self.learner_watch = LearnerWatch(self.supervisor, self.deadline_s)

@@ -21,6 +21,7 @@ class RayCalls:
     ask_one = staticmethod(deadlines.ask_one)  # one named role's answer within a deadline
     died = staticmethod(deadlines.died)        # (a finished run() ref) -> the actor-death error, or None
     node_of = staticmethod(cluster.actor_node)  # (actor) -> the id of the node it runs on, or None
+    actor_state = staticmethod(cluster.actor_state)  # (actor) -> its state in Ray's actor table ("ALIVE", "DEAD", ...)
     lost_node = staticmethod(cluster.lost_node)  # (node id) -> how a line names it once Ray declared it dead, or None
 
 

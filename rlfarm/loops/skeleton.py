@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
 import ray
 
-from rlfarm.cluster import actor_node
-from rlfarm.loops.checkpoints import PeriodicCheckpoints
-from rlfarm.loops.deadlines import RoleFailed, Watched, WorkerLost, ask, described
+from rlfarm.loops.checkpoints import PeriodicCheckpoints, step_name
+from rlfarm.loops.deadlines import RoleFailed, Watched, ask, described
 from rlfarm.loops.progress import Progress
+from rlfarm.loops.ray_calls import RAY, RayCalls
+from rlfarm.loops.supervision import (NodeLost, checkpoint_at_node_loss, node_lost_line, node_verdict,
+                                      wait_until_restarted)
 from rlfarm.telemetry.live import LiveView
 
 log = logging.getLogger("rlfarm")
@@ -42,6 +43,7 @@ class SyncLoop(PeriodicCheckpoints):
 
     watched: dict[str, Watched]  # every role by name
     restartable: set[str] = set()  # the names Ray restarts
+    calls: RayCalls = RAY  # how the restart and lost-node waits reach Ray (stand-ins in the unit tests)
 
     def _begin(self, progress: Progress, resume_from: str | None) -> None:
         """End of __init__, once the roles are up: their pids known (roles.json), checkpoints start; a resume
@@ -49,6 +51,7 @@ class SyncLoop(PeriodicCheckpoints):
         self.progress = progress
         self._start_checkpoints()
         self.restarts = dict.fromkeys(self.watched, 0)
+        self.nodes: dict[str, str | None] = {}  # role name → the id of the node it runs on (roles.json)
         names = list(self.watched)
         started = self._ask([(n, self.watched[n].actor.stats.remote()) for n in names], "stats",
                             float(self.cfg.run.restart_timeout_s))  # the constructors ran: models built, envs made
@@ -71,6 +74,8 @@ class SyncLoop(PeriodicCheckpoints):
                     self._after_update(self.progress["updates"])
                     if self._done():
                         break
+        except NodeLost:  # its line names the resume command
+            raise
         except RoleFailed as error:  # a learner that died or hangs, a worker out of restarts: resume from disk
             raise RoleFailed(f"{error}; resume from the newest checkpoint: rlfarm train resume={self.run.dir}") \
                 from None
@@ -89,27 +94,33 @@ class SyncLoop(PeriodicCheckpoints):
 
     def _restarted(self, name: str) -> None:
         """Role `name` died: wait (run.restart_timeout_s) for Ray to bring it back, re-wire it (`_rewire`), say so
-        in one line. A role that is not restartable, or out of restarts, ends the run."""
-        role, timeout_s = self.watched[name], float(self.cfg.run.restart_timeout_s)
-        if name not in self.restartable or self.restarts[name] >= int(self.cfg.run.max_restarts):
-            more = "" if name not in self.restartable else f" after {self.restarts[name]} restarts (run.max_restarts)"
-            raise WorkerLost(f"{described(name, role)} died{more}")
-        before, deadline = role.pid, time.monotonic() + timeout_s
-        while True:
-            try:
-                role.pid = int(self._ask([(name, role.actor.stats.remote())], "stats", timeout_s)[0]["pid"])
-                break
-            except ray.exceptions.ActorUnavailableError:  # still restarting
-                if time.monotonic() > deadline:
-                    raise WorkerLost(f"{name} (pid {before}) died and did not come back within "
-                                     f"run.restart_timeout_s={timeout_s:g} s") from None
-                time.sleep(0.5)
-            except ray.exceptions.RayActorError:
-                raise WorkerLost(f"{name} (pid {before}) died and could not be restarted") from None
+        in one line. A role that is not restartable, or out of restarts, ends the run; so does a lost node (its
+        roles are waited for run.role_timeout_s, then one line names the node and them)."""
+        role, run_cfg = self.watched[name], self.cfg.run
+        node, lost_wait_s = self.nodes.get(name), float(run_cfg.role_timeout_s)
+        interrupted = lambda: self._preempt  # noqa: E731
+        before = role.pid
+        try:
+            if name not in self.restartable or self.restarts[name] >= int(run_cfg.max_restarts):
+                more = "" if name not in self.restartable else f" after {self.restarts[name]} restarts (run.max_restarts)"
+                raise NodeLost.or_else(node_verdict(self.calls, role.actor, node, lost_wait_s, interrupted),
+                                       f"{described(name, role)} died{more}")
+            role.pid = int(wait_until_restarted(self.calls, described(name, role), role.actor, before, node,
+                                                float(run_cfg.restart_timeout_s), lost_wait_s, interrupted))
+        except NodeLost as lost:
+            raise NodeLost(lost.node, self._node_lost(lost.node, node)) from None
         self.restarts[name] += 1
         self._rewire(name)
         log.warning("%s (pid %s) died; restarted as pid %s", name, before, role.pid)
         self._write_roles_file()
+
+    def _node_lost(self, label: str, node: str) -> str:
+        """The lost node's line, written once the learner (on another node) has checkpointed where possible: a
+        resume then continues from this update, not from the last periodic checkpoint."""
+        checkpoint_at_node_loss(label, node, self.nodes.get("learner"),
+                                lambda: self.checkpoint(step_name(self.progress["updates"])))
+        names = [role for role, where in self.nodes.items() if where == node]
+        return node_lost_line(label, names, float(self.cfg.run.role_timeout_s), self.run.dir)
 
     def _rewire(self, name: str) -> None:
         """A restarted role gets what its constructor does not give it (the newest weights)."""
@@ -121,7 +132,8 @@ class SyncLoop(PeriodicCheckpoints):
         for name, role in self.watched.items():
             kind, _, index = name.rpartition(" ")
             kind, index = (kind.replace(" rank", ""), int(index)) if index.isdigit() else (name, 0)
-            table.append({"role": kind, "index": index, "pid": role.pid, "node": actor_node(role.actor),
+            self.nodes[name] = self.calls.node_of(role.actor) or self.nodes.get(name)
+            table.append({"role": kind, "index": index, "pid": role.pid, "node": self.nodes[name],
                           "restarts": self.restarts[name]})
         path = self.run.dir / "roles.json"
         path.with_suffix(".tmp").write_text(json.dumps(table, indent=1))

@@ -13,7 +13,9 @@ or ends the run when restarts are used up. Ray is reached through `calls` (rlfar
 
 A whole node can be lost (a machine off, its raylet killed): every role on it dies at once. `roles.json` records
 each role's node; a worker whose node Ray has declared dead is waited for at most `lost_node_wait_s` (Ray restarts
-it elsewhere if its placement allows), and otherwise the run ends with one line naming the node and its roles."""
+it elsewhere if its placement allows), and otherwise the run ends with one line naming the node and its roles, after
+a checkpoint when the learner lives elsewhere. The wait for a dead worker (`wait_until_restarted`), the lost node's
+line and that checkpoint are functions here that the synchronous loops use as well (rlfarm/loops/skeleton.py)."""
 from __future__ import annotations
 
 import json
@@ -54,12 +56,12 @@ class Supervisor:
     def __init__(self, learner, runners: list, labelers: list, max_restarts: int, roles_file: Path | None = None,
                  engines: list = (), max_incarnations: int | None = None, calls: RayCalls = RAY,
                  learner_ranks: list = (), merge_stats: Callable[[dict, list[dict]], dict] | None = None,
-                 lost_node_wait_s: float | None = None):
+                 lost_node_wait_s: float | None = None, checkpoint: Callable[[], object] | None = None):
         """`max_incarnations`: a worker is not restarted into more (an off-policy runner's chunk ids have room for
         that many, rlfarm/loops/ledger.py); None: only `max_restarts` bounds it. `learner_ranks`: the learner's
         other data-parallel ranks (1..N-1), watched like it; `learner.stats` is then rank 0's with theirs merged in
         by `merge_stats` (rlfarm/loops/learner_group.py). `lost_node_wait_s`: how long a worker whose node died is
-        waited for (None: as long as any dead worker)."""
+        waited for (None: as long as any dead worker). `checkpoint`: writes one now (`checkpoint_at_node_loss`)."""
         # the learner is watched (stats, deadline) but never restarted: it is not among `workers`
         self.learner = Worker("learner", 0, learner)
         self.learner_ranks = [Worker("learner rank", i, rank) for i, rank in enumerate(learner_ranks, 1)]
@@ -74,6 +76,7 @@ class Supervisor:
         self.calls = calls
         self.recoveries: list[dict] = []
         self.lost_node_wait_s = lost_node_wait_s
+        self.checkpoint = checkpoint
 
     def of(self, kind: str) -> list[Worker]:
         return [w for w in self.workers if w.kind == kind]
@@ -162,42 +165,22 @@ class Supervisor:
 
     def wait_until_back(self, worker: Worker, timeout_s: float, interrupted: Callable[[], bool] | None = None) -> int:
         """Block until Ray has restarted the worker (at most `timeout_s`; Interrupted when `interrupted()` turns
-        true meanwhile); returns its new pid."""
-        if not self._may_restart(worker):
-            raise WorkerLost(f"{worker.name} died and run.max_restarts={self.max_restarts} is used up "
-                             f"(raise it, or resume the run: rlfarm train resume=<run_dir>)")
-        started = time.monotonic()
-        deadline, lost = started + timeout_s, None
-        while time.monotonic() < deadline:
-            if interrupted is not None and interrupted():
-                raise Interrupted(f"{worker.name} was not waited for")
-            try:
-                stats = self.calls.get(worker.actor.stats.remote(), timeout=min(max(deadline - time.monotonic(), 0.1), 1.0))
-            except ray.exceptions.ActorDiedError as error:
-                raise WorkerLost(self._node_lost_line(lost, worker) if lost else
-                                 f"{worker.name} died and was not restarted: {_first_line(error)}") from None
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                if lost is None and worker.node is not None and (lost := self.calls.lost_node(worker.node)):
-                    if self.lost_node_wait_s is not None:
-                        deadline = min(deadline, started + self.lost_node_wait_s)
-                time.sleep(SLICE_S)
-                continue
-            if stats["pid"] != worker.pid:
-                return stats["pid"]
-            time.sleep(0.1)  # the old incarnation's pid: Ray has not noticed the death yet
-        if lost:
-            raise WorkerLost(self._node_lost_line(lost, worker))
-        raise WorkerLost(f"{worker.name} died and did not come back within {timeout_s:g} s")
-
-    def _node_lost_line(self, node: str, worker: Worker) -> str:
-        """A dead node's roles did not come back: name the node, all its roles, and how to go on."""
-        names = [role.name if role.kind != "learner" else "the learner"
-                 for role in [*self.learners, *self.workers] if role.node == worker.node]
-        waited = self.lost_node_wait_s
-        resume = f"rlfarm train resume={self.roles_file.parent}" if self.roles_file else "rlfarm train resume=<run_dir>"
-        return (f"{node} was lost with {', '.join(names)}: not restarted elsewhere"
-                f"{f' within {waited:g} s' if waited is not None else ''}; bring the node back (or pick a topology "
-                f"without it) and resume from the newest checkpoint: {resume}")
+        true meanwhile); returns its new pid. A worker out of restarts, or one whose node was lost, ends the run."""
+        try:
+            if not self._may_restart(worker):
+                raise NodeLost.or_else(
+                    node_verdict(self.calls, worker.actor, worker.node, self.lost_node_wait_s, interrupted),
+                    f"{worker.name} died and run.max_restarts={self.max_restarts} is used up "
+                    "(raise it, or resume the run: rlfarm train resume=<run_dir>)")
+            return wait_until_restarted(self.calls, worker.name, worker.actor, worker.pid, worker.node, timeout_s,
+                                        self.lost_node_wait_s, interrupted)
+        except NodeLost as lost:
+            if self.checkpoint is not None:
+                checkpoint_at_node_loss(lost.node, worker.node, self.learner.node, self.checkpoint)
+            names = [role.name if role.kind != "learner" else "the learner"
+                     for role in [*self.learners, *self.workers] if role.node == worker.node]
+            raise NodeLost(lost.node, node_lost_line(lost.node, names, self.lost_node_wait_s,
+                                                     self.roles_file.parent if self.roles_file else None)) from None
 
     def _may_restart(self, worker: Worker) -> bool:
         return worker.restarts < self.max_restarts and (self.max_incarnations is None
@@ -240,6 +223,90 @@ class Supervisor:
         tmp = self.roles_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(table, indent=1))
         tmp.replace(self.roles_file)
+
+
+class NodeLost(WorkerLost):
+    """A worker's node was declared dead by Ray and the worker did not come back; `node`: how a line names the
+    node. Raised first with the node alone; the caller, which knows all the node's roles, raises it again with
+    the run's line (`node_lost_line`)."""
+
+    def __init__(self, node: str, line: str | None = None):
+        super().__init__(line or node)
+        self.node = node
+
+    @staticmethod
+    def or_else(node: str | None, line: str) -> WorkerLost:
+        """NodeLost when Ray declared the node dead, else WorkerLost(line)."""
+        return NodeLost(node) if node else WorkerLost(line)
+
+
+def wait_until_restarted(calls: RayCalls, name: str, actor, pid: int | None, node: str | None, timeout_s: float,
+                         lost_node_wait_s: float | None = None, interrupted: Callable[[], bool] | None = None) -> int:
+    """A dead worker's new pid, once Ray has restarted it (asked through its `stats()`), within `timeout_s`. Once
+    Ray has declared the worker's `node` dead, it is waited for at most `lost_node_wait_s` from the start (Ray
+    restarts it elsewhere if its placement allows; a pool pinned to that node does not) and then NodeLost.
+    Interrupted when `interrupted()` turns true; WorkerLost when it is not restarted or does not come back."""
+    started = time.monotonic()
+    deadline, lost = started + timeout_s, None
+    while time.monotonic() < deadline:
+        if interrupted is not None and interrupted():
+            raise Interrupted(f"{name} was not waited for")
+        try:
+            stats = calls.get(actor.stats.remote(), timeout=min(max(deadline - time.monotonic(), 0.1), 1.0))
+        except ray.exceptions.ActorDiedError as error:
+            raise NodeLost.or_else(lost or node_verdict(calls, actor, node, lost_node_wait_s, interrupted),
+                                   f"{name} died and was not restarted: {_first_line(error)}") from None
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            if lost is None and node is not None and (lost := calls.lost_node(node)):
+                if lost_node_wait_s is not None:
+                    deadline = min(deadline, started + lost_node_wait_s)
+            time.sleep(SLICE_S)
+            continue
+        if stats["pid"] != pid:
+            return stats["pid"]
+        time.sleep(0.1)  # the old incarnation's pid: Ray has not noticed the death yet
+    raise NodeLost.or_else(lost, f"{name} died and did not come back within {timeout_s:g} s")
+
+
+def node_verdict(calls: RayCalls, actor, node: str | None, wait_s: float | None,
+                 interrupted: Callable[[], bool] | None = None) -> str | None:
+    """For a worker that died and will not be restarted: how a line names its node once Ray has declared that node
+    dead, or None when its node lives. A node switched off tells no one: Ray declares it dead only once its health
+    checks fail, seconds after its workers' calls failed. Until then Ray's actor table still holds the worker as
+    alive (a worker that died alone is recorded dead by its raylet at once), so the verdict is waited for while it
+    does, at most `wait_s`."""
+    if node is None:
+        return None
+    deadline = time.monotonic() + (wait_s or 0.0)
+    while True:
+        # read first: Ray records a node's death before its actors'
+        recorded_alive = calls.actor_state(actor) == "ALIVE"
+        if lost := calls.lost_node(node):
+            return lost
+        if not recorded_alive or time.monotonic() >= deadline or (interrupted is not None and interrupted()):
+            return None
+        time.sleep(SLICE_S)
+
+
+def checkpoint_at_node_loss(node: str, lost: str | None, learner_node: str | None, write: Callable[[], object]) -> None:
+    """Node `lost` (named `node`) is gone and the run ends: where the learner lives on another node, its state now
+    is written (`write`), so a resume continues from here rather than from the last periodic checkpoint. A save
+    that fails is logged; the run ends with its line all the same."""
+    if learner_node in (None, lost):
+        return
+    log.warning("%s was lost: checkpointing before the run ends", node)
+    try:
+        write()
+    except Exception as error:  # noqa: BLE001 - the newest periodic checkpoint remains
+        log.warning("no checkpoint at the node's loss: %s", _first_line(error))
+
+
+def node_lost_line(node: str, roles: list[str], waited_s: float | None, run_dir: Path | None) -> str:
+    """The one line that ends a run whose node was lost: the node, every role it held, and how to go on."""
+    resume = f"rlfarm train resume={run_dir}" if run_dir else "rlfarm train resume=<run_dir>"
+    return (f"{node} was lost with {', '.join(roles)}: not restarted elsewhere"
+            f"{f' within {waited_s:g} s' if waited_s is not None else ''}; bring the node back (or pick a topology "
+            f"without it) and resume from the newest checkpoint: {resume}")
 
 
 def _first_line(error: BaseException) -> str:

@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -23,9 +24,11 @@ from pathlib import Path
 
 import pytest
 
-START_TIMEOUT_S = 90  # a head starts in ~5 s alone, ~20 s on a loaded 2-core machine
-# Ray gives a raylet 30 s to register with the GCS (fixed in ray/_private/node.py): under heavy load on 2 cores a
-# start can miss it ("timed out during startup"), so a node start is tried this many times
+START_TIMEOUT_S = 120  # a head starts in ~5 s alone, ~20 s on a loaded 2-core machine
+# Ray gives a raylet a fixed 30 s to register with the GCS (ray/_private/node.py); `ray_start.py` waits longer
+# (REGISTRATION_WAIT_S), so a slow start under heavy load is waited for rather than killed and begun again. A start
+# that fails otherwise (a port taken meanwhile) is tried this many times, with other ports.
+RAY_START = Path(__file__).with_name("ray_start.py")
 START_ATTEMPTS = 3
 STOP_TIMEOUT_S = 15
 # GCS settings for the head (RAY_<name> environment variables): a dead raylet is noticed after 3 failed checks
@@ -47,13 +50,6 @@ def _free_ports(count: int) -> list[int]:
     for one in sockets:
         one.close()
     return ports
-
-
-def _ray_command() -> str:
-    import sys
-
-    beside = Path(sys.executable).parent / "ray"
-    return str(beside if beside.exists() else shutil.which("ray"))
 
 
 @dataclass
@@ -126,7 +122,7 @@ class TwoNodes:
                           "ray-client-server", "dashboard"), _free_ports(6)))
         if not head:
             del ports["ray-client-server"], ports["dashboard"]
-        args = [_ray_command(), "start", "--block", f"--num-cpus={cpus}", f"--num-gpus={gpus}",
+        args = [sys.executable, str(RAY_START), "start", "--block", f"--num-cpus={cpus}", f"--num-gpus={gpus}",
                 *(f"--{flag}-port={port}" for flag, port in ports.items()),
                 f"--resources={{\"node_{name}\": 1}}", f"--temp-dir={temp_dir}", "--disable-usage-stats",
                 "--object-store-memory=100000000",
