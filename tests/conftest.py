@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 
@@ -97,10 +98,7 @@ def one_torch_thread():
 TINY_SWEEP = ["total_env_steps=400", *TINY_SAC, "run.live=false", "logger=none", "+env.kwargs.max_episode_steps=50"]
 
 
-@pytest.fixture(scope="session")
-def tiny_sweep(tmp_path_factory):
-    """A multirun dir with runs 0/ (seed=1) and 1/ (seed=2), each a complete run directory."""
-    root = tmp_path_factory.mktemp("sweep")
+def _train_sweep(root):
     args = ["train", "-m", "seed=1,2", f"hydra.sweep.dir={root}", "hydra.sweep.subdir=${hydra.job.num}", *TINY_SWEEP]
     out = rlfarm(*args, cwd=root)
     if out.returncode != 0 and "timed out during startup" in out.stderr:
@@ -109,3 +107,23 @@ def tiny_sweep(tmp_path_factory):
     assert out.returncode == 0, out.stderr[-3000:]
     assert (root / "0" / "summary.json").exists() and (root / "1" / "summary.json").exists()
     return root
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory):
+    """A multirun dir with runs 0/ (seed=1) and 1/ (seed=2), each a complete run directory. Under xdist the
+    workers share one build (the modules that use it land on either worker: each would start its own two Ray
+    sessions): the first to ask trains it, under a lock, and names it in a file beside the workers' temp dirs."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return _train_sweep(tmp_path_factory.mktemp("sweep"))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent  # this pytest run's temp dir, above every worker's own
+    built = shared / "tiny_sweep.path"
+    with FileLock(str(shared / "tiny_sweep.lock")):
+        if built.exists():
+            return Path(built.read_text())
+        root = _train_sweep(tmp_path_factory.mktemp("sweep"))  # a failed build names nothing: the next one retries
+        built.write_text(str(root))
+        return root

@@ -42,30 +42,6 @@ def test_ppo_learns_cartpole_to_400_within_300k_env_steps(tmp_path):
     assert json.loads((run_dir / "eval" / "returns.json").read_text())["return_mean"] >= 400
 
 
-def test_ppo_runs_on_pendulum_end_to_end_and_its_checkpoint_plays(tmp_path):
-    """Continuous actions (Gaussian policy): a short run writes a complete run directory, stops exactly at its
-    step budget (the last rollout is cut short), and its final.pt plays as `rlfarm eval` plays it."""
-    run_dir = tmp_path / "run"
-    out = rlfarm("train", "algo=ppo", "env=pendulum", "total_env_steps=600", "env.num_envs=2", "algo.epochs=2",
-                 f"hydra.run.dir={run_dir}", "run.live=false", timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["env_steps"] == 600 and summary["updates"] == 10  # 9 cycles of 2 × 32 steps, then 2 × 12
-    assert summary["episodes"] == 2 and -2000 < summary["episode_return_mean"] < 0  # one 200-step episode per env
-    rows = read_rows(run_dir)
-    assert [row["env_steps"] for row in rows] == [64 * i for i in range(1, 10)] + [600]
-    assert all(row["staleness"] == 0 and row["policy_version"] == row["updates"] for row in rows)
-    assert all(row["value_loss"] > 0 and row["entropy"] > 0 for row in rows)
-    assert list((run_dir / "tb").glob("events.*"))
-    report_of_one_run(run_dir, {"return_vs_steps", "policy_loss", "value_loss", "entropy", "approx_kl", "ppo_staleness"})
-    state = torch.load(run_dir / "checkpoints" / "final.pt", weights_only=True)
-    assert state["updates"] == 10 and "log_std" in state["agent"]["actor"]
-    # what `rlfarm eval` does with it (the CLI itself is run on the CartPole run, in the slow test)
-    run = load_trained_run(run_dir, "final")
-    episode = play_episode(build_actor(run.cfg, run.state["agent"]["actor"], run.cfg.env), run.cfg.env, seed=0)
-    assert episode.length == 200 and -2000 < episode.episode_return < 0
-
-
 def test_ppo_places_a_learner_and_env_runners_but_no_labeler():
     """The ppo family takes the env's own reward: a topology's labelers are not started for it."""
     cfg = compose("train", ["algo=ppo", "env=cartpole", "topology=local"])
@@ -75,12 +51,14 @@ def test_ppo_places_a_learner_and_env_runners_but_no_labeler():
     assert compose("train", ["algo=ppo"]).topology.name == "local_ppo"  # its own default: one learner thread
 
 
-@pytest.mark.slow
-def test_ppo_sigterm_checkpoints_then_resume_auto_finishes_the_same_cycles(tmp_path):
-    """Slurm's preemption path: SIGTERM → preempted.pt + exit 75 → resume=auto continues the counters."""
+def test_ppo_on_pendulum_is_preempted_resumes_and_its_checkpoint_plays(tmp_path):
+    """Continuous actions (Gaussian policy), through Slurm's preemption path: SIGTERM → preempted.pt + exit 75 →
+    resume=auto continues the counters; the resumed run stops exactly at its step budget (the last rollout is cut
+    short), writes a complete run directory, and its final.pt plays as `rlfarm eval` plays it. One run for both
+    (a session pair): the end-to-end checks read the resumed run's directory."""
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "rlfarm.cli", "train", "algo=ppo", "env=pendulum", "total_env_steps=2000",
-            "env.num_envs=2", "algo.epochs=2", f"hydra.run.dir={run_dir}", "run.live=false", "logger=none"]
+            "env.num_envs=2", "algo.epochs=2", f"hydra.run.dir={run_dir}", "run.live=false"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     deadline = time.monotonic() + 240
     while not ((run_dir / "metrics.jsonl").exists() and len(read_rows(run_dir)) >= 3) and time.monotonic() < deadline:
@@ -89,14 +67,35 @@ def test_ppo_sigterm_checkpoints_then_resume_auto_finishes_the_same_cycles(tmp_p
     proc.wait(timeout=60)
     assert proc.returncode == 75, proc.stderr.read()[-2000:]
     assert json.loads((run_dir / "status.json").read_text())["status"] == "preempted"
-    stopped_at = torch.load(run_dir / "checkpoints" / "preempted.pt", weights_only=True)["updates"]
+    preempted = torch.load(run_dir / "checkpoints" / "preempted.pt", weights_only=True)["extra"]  # the driver's counters
+    stopped_at = preempted["updates"]
     assert 3 <= stopped_at < 32
+    per_env = 32 * stopped_at  # env steps of each of the 2 envs by then; 200-step episodes
+    assert preempted["env_steps"] == 2 * per_env and preempted["episodes"] == 2 * (per_env // 200)
 
     out = rlfarm(*args[3:], "resume=auto", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] == 2000 and summary["updates"] == 32  # 31 cycles of 2 × 32 steps, then 2 × 8
-    assert [row["updates"] for row in read_rows(run_dir)] == list(range(1, 33))  # none lost, none repeated
+    # The resumed runners start fresh episodes: the one under way at SIGTERM is not counted, and no episode twice.
+    assert summary["episodes"] == preempted["episodes"] + 2 * ((1000 - per_env) // 200)
+    assert -2000 < summary["episode_return_mean"] < 0
+    rows = read_rows(run_dir)
+    assert [row["updates"] for row in rows] == list(range(1, 33))  # none lost, none repeated
+    assert [row["env_steps"] for row in rows] == [64 * i for i in range(1, 32)] + [2000]
+    assert all(row["staleness"] == 0 for row in rows)  # synchronous: every rollout came from the newest weights
+    # One weight version a cycle: the warm-up publishes version 1 for update 1, ...; the resumed run publishes the
+    # restored weights once more at its warm-up, so its versions are one ahead of the updates.
+    assert [row["policy_version"] - row["updates"] for row in rows] == [0] * stopped_at + [1] * (32 - stopped_at)
+    assert all(row["value_loss"] > 0 and row["entropy"] > 0 for row in rows)
+    assert list((run_dir / "tb").glob("events.*"))
+    report_of_one_run(run_dir, {"return_vs_steps", "policy_loss", "value_loss", "entropy", "approx_kl", "ppo_staleness"})
+    state = torch.load(run_dir / "checkpoints" / "final.pt", weights_only=True)
+    assert state["updates"] == 32 and "log_std" in state["agent"]["actor"]
+    # what `rlfarm eval` does with it (the CLI itself is run on the CartPole run, in the slow test)
+    run = load_trained_run(run_dir, "final")
+    episode = play_episode(build_actor(run.cfg, run.state["agent"]["actor"], run.cfg.env), run.cfg.env, seed=0)
+    assert episode.length == 200 and -2000 < episode.episode_return < 0
 
 
 def test_ppo_resume_keeps_the_periodic_checkpoint_schedule(tmp_path):

@@ -11,8 +11,8 @@ import pytest
 from helpers import TINY_SAC, metrics_rows, start_train, wait_for
 from rlfarm.loops.vla import SERVER_DIED_BETWEEN, SERVER_DIED_IN_ROLLOUT
 
-RUN = ["total_env_steps=6000", *TINY_SAC, "algo.utd_ratio=0.25", "run.checkpoint=false",
-       "topology.roles.env_runner.count=2", "topology.roles.labeler.count=2", "ray.num_cpus=4"]
+ONE_EACH = ["total_env_steps=6000", *TINY_SAC, "algo.utd_ratio=0.25", "run.checkpoint=false"]  # topology=local
+RUN = [*ONE_EACH, "topology.roles.env_runner.count=2", "topology.roles.labeler.count=2", "ray.num_cpus=4"]
 
 
 # IMPALA with two data-parallel learner ranks: a restarted labeler must deliver to both ranks again, a restarted
@@ -72,7 +72,7 @@ def test_killed_labeler_and_runner_restart_and_nothing_is_lost(tmp_path, algo):
 @pytest.mark.slow
 def test_a_worker_that_keeps_dying_ends_the_run_with_one_line(tmp_path):
     run_dir = tmp_path / "run"
-    proc = start_train(run_dir, *RUN, "run.max_restarts=0")
+    proc = start_train(run_dir, *ONE_EACH, "run.max_restarts=0")  # one role of each kind: the count is not tested
     try:
         assert wait_for(lambda: learning(run_dir), 240), "the run did not start"
         pid = next(r["pid"] for r in json.loads((run_dir / "roles.json").read_text()) if r["role"] == "labeler")
