@@ -70,6 +70,22 @@ def stop_learner_and_expect_one_line(run_dir, proc: subprocess.Popen, after_rows
     return err, learner
 
 
+def kill_and_see_it_restarted(run_dir, proc: subprocess.Popen, role: str) -> tuple[int, int]:
+    """SIGKILL `role` 1 once the run logged 3 rows; wait for Ray's restart and two more rows from the new process.
+    Returns (the killed pid, the rows logged then); the run is killed if any of it fails."""
+    try:
+        wait_for(lambda: len(rows(run_dir)) >= 3 and pid_of(run_dir, role, 1), 300, proc)
+        killed = pid_of(run_dir, role, 1)
+        os.kill(killed, signal.SIGKILL)
+        wait_for(lambda: pid_of(run_dir, role, 1) not in (None, killed), 300, proc)
+        restarted_at = len(rows(run_dir))
+        wait_for(lambda: len(rows(run_dir)) >= restarted_at + 2, 300, proc)  # the run goes on with the new one
+    except BaseException:
+        proc.kill()
+        raise
+    return killed, restarted_at + 2
+
+
 @pytest.mark.slow
 def test_a_killed_grpo_engine_is_restarted_then_a_stopped_learner_ends_the_run_in_one_line_and_it_resumes(tmp_path):
     """One GRPO run (two engines, one step ahead) for both faults, as the PPO test below: engine 1 SIGKILLed is
@@ -79,17 +95,8 @@ def test_a_killed_grpo_engine_is_restarted_then_a_stopped_learner_ends_the_run_i
     args = [*GRPO, "algo.max_updates=200", "topology.roles.engine.count=2", "algo.max_staleness=1", "ray.num_cpus=4",
             "run.checkpoint_every_updates=2"]
     proc = start(run_dir, *args)
-    try:
-        wait_for(lambda: len(rows(run_dir)) >= 3 and pid_of(run_dir, "engine", 1), 300, proc)
-        engine = pid_of(run_dir, "engine", 1)
-        os.kill(engine, signal.SIGKILL)
-        wait_for(lambda: pid_of(run_dir, "engine", 1) not in (None, engine), 300, proc)
-        restarted_at = len(rows(run_dir))
-        wait_for(lambda: len(rows(run_dir)) >= restarted_at + 2, 300, proc)  # steps go on with the new engine
-    except BaseException:
-        proc.kill()
-        raise
-    stop_learner_and_expect_one_line(run_dir, proc, after_rows=restarted_at + 2)
+    engine, went_on_at = kill_and_see_it_restarted(run_dir, proc, "engine")
+    stop_learner_and_expect_one_line(run_dir, proc, after_rows=went_on_at)
     assert f"engine 1 (pid {engine}) died; restarted as pid" in (run_dir / "train.log").read_text()
     assert list((run_dir / "checkpoints").glob("step_*.pt")), "no periodic checkpoint to resume from"
     # the command the line gave, as the user would type it, with another budget: `algo.max_updates` is checked
@@ -113,17 +120,8 @@ def test_a_killed_ppo_runner_is_restarted_then_a_stopped_learner_ends_the_run_in
     run_dir = tmp_path / "run"
     proc = start(run_dir, *PPO, "total_env_steps=1000000", "topology.roles.env_runner.count=2", "ray.num_cpus=4",
                  "run.checkpoint_every_updates=2")
-    try:
-        wait_for(lambda: len(rows(run_dir)) >= 3 and pid_of(run_dir, "env_runner", 1), 300, proc)
-        runner = pid_of(run_dir, "env_runner", 1)
-        os.kill(runner, signal.SIGKILL)
-        wait_for(lambda: pid_of(run_dir, "env_runner", 1) not in (None, runner), 300, proc)
-        restarted_at = len(rows(run_dir))
-        wait_for(lambda: len(rows(run_dir)) >= restarted_at + 2, 300, proc)  # cycles go on with the new runner
-    except BaseException:
-        proc.kill()
-        raise
-    stop_learner_and_expect_one_line(run_dir, proc, after_rows=restarted_at + 2)
+    runner, went_on_at = kill_and_see_it_restarted(run_dir, proc, "env_runner")
+    stop_learner_and_expect_one_line(run_dir, proc, after_rows=went_on_at)
     assert f"env_runner 1 (pid {runner}) died; restarted as pid" in (run_dir / "train.log").read_text()
     updates = [r["updates"] for r in rows(run_dir)]
     assert updates == list(range(1, len(updates) + 1))  # every cycle trained once, none twice
