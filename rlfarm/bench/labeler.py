@@ -270,9 +270,9 @@ def farm_rate(reward_cfg: dict, size: DictConfig, topology: dict, side: int) -> 
               "labeler_busy": window.mean_rate("busy_s") / len(labelers),
               "buses_per_labeler": buses / len(labelers), "frames_per_bus": labeled / buses if buses else 0.0}
     if result["buses_per_labeler"] < MIN_BUSES:
-        log.warning("bench: the labelers delivered %.1f buses each in the %g s window: the farm's figure counts "
-                    "whole buses and is off by up to one; raise window_s", result["buses_per_labeler"],
-                    float(size.window_s))
+        log.warning("bench: the labelers delivered %.1f buses each in the %g s window: the farm's figure, counted in "
+                    "whole buses, may be off by a bus per labeler; raise window_s (bench.judge.window_s for the judge)",
+                    result["buses_per_labeler"], float(size.window_s))
     if sampler:
         result["gpu_busy_percent"] = {str(g): round(p, 1) for g, p in sampler.mean_percent().items()}
     return result
