@@ -8,7 +8,9 @@ shape:
   same call a labeler makes, with nothing around it);
 - inline: one call per transition (batch 1), which is what labeling inside the env loop would cost;
 - farm: producer actors put chunks of frames in the object store → Labeler actors (bus of `batch` frames) →
-  the real SACLearner, which stores and acks them; img/s counted at the learner over a steady window.
+  the real SACLearner, which stores and acks them; img/s counted at the learner over a steady window. The learner
+  stores whole buses, so the row says how many each labeler delivered in the window and their mean frames: a window
+  of a few buses (a judge's bus takes seconds) is lumpy, one with a bus each not a rate at all.
 The producers are pre-rendered random frames, not envs, so they outrun the labelers (their own rate, against
 an instant ack, is the first row) and the figure is the farm's. The farm may span several GPUs: its row is
 per GPU, next to the direct figure of one GPU.
@@ -19,7 +21,8 @@ import gc
 import json
 import logging
 import tempfile
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +47,7 @@ from rlfarm.telemetry.gpu_busy import GpuBusySampler, nvml_available
 log = logging.getLogger("rlfarm")
 REWARDS = ("clip", "vlm_judge")
 OBS_DIM, ACT_DIM = 8, 2  # what the learner stores beside the frames: small, as for a MuJoCo task
+MIN_BUSES = 4  # buses each labeler delivers in the farm's window, at least, for its figure to mean a rate
 
 
 def run(cfg: DictConfig, device: str) -> list[dict]:
@@ -52,6 +56,7 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
     labelers = gpus * int(size.labelers_per_gpu) if gpus else int(size.get("labelers", 1))
     topology = farm_topology("bench-labeler", runners=int(size.producers), labelers=labelers,
                              labeler_gpus=1 / int(size.labelers_per_gpu) if gpus else 0.0, cpus=float(size.cpus_per_actor))
+    threads = int(topology["roles"]["labeler"]["threads"])  # the direct calls run on a labeler's threads
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="rlfarm-bench-clip-") as models, \
             bench_ray(plan_topology(topology, OFFPOLICY), device):
@@ -64,16 +69,18 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
             else:
                 reward_cfg = clip_reward_cfg(cfg, save_random_clip(Path(models) / shape, shape), shape, size, device)
             probe = varied_frames(int(size.agreement_frames), reward_cfg["frame_size"]) if cfg.precision else None
-            inline, direct, probe_rewards = direct_and_inline(reward_cfg, size, device, probe)
+            with torch_threads(threads):
+                inline, direct, probe_rewards = direct_and_inline(reward_cfg, size, device, probe)
             direct_case = f"{shape} direct b{size.batch}"
             rows += [
                 {"case": f"{shape} inline b1", "value": inline, "unit": "img/s", "baseline": None, "batch": 1},
                 {"case": direct_case, "value": direct, "unit": "img/s", "baseline": f"{shape} inline b1",
-                 "batch": int(size.batch)},
+                 "batch": int(size.batch), "threads": threads},
             ]
             if cfg.precision:  # the farm runs the tower in this precision, against its own direct call
                 reward_cfg = {**reward_cfg, "precision": cfg.precision}
-                rows += precision_rows(reward_cfg, shape, size, device, probe, probe_rewards, direct_case)
+                with torch_threads(threads):
+                    rows += precision_rows(reward_cfg, shape, size, device, probe, probe_rewards, direct_case)
                 direct_case = rows[-2]["case"]
             farm = farm_rate(reward_cfg, size, topology, image_size(shape))
             per_gpu = farm["img_per_s"] / max(gpus, 1)
@@ -164,6 +171,19 @@ def varied_frames(n: int, side: int, seed: int = 1) -> np.ndarray:
     return np.clip(colour + noise, 0, 255).astype(np.uint8)
 
 
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """The direct calls on as many CPU threads as a labeler has (its placement's `threads`): "the same call a labeler
+    makes". The driver's default, a thread per core, waits at every parallel region for the core another process holds
+    (the farm's actors, anything else on the host), and its figure would follow the host's load, not the model."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def direct_and_inline(reward_cfg: dict, size: DictConfig, device: str, probe: np.ndarray | None = None
                       ) -> tuple[float, float, np.ndarray | None]:
     """(inline img/s at batch 1, direct img/s at batch `size.batch`, its rewards of the `probe` frames if given) of
@@ -238,13 +258,21 @@ def farm_rate(reward_cfg: dict, size: DictConfig, topology: dict, side: int) -> 
         gpus = sorted({g for l in labelers for g in assigned_gpus(l)})
 
         def read() -> dict:
-            return {"stored": ray.get(learner.stats.remote())["stored"], "busy_s": sum_stats(labelers, "busy_s")}
+            stats = ray.get([l.stats.remote() for l in labelers])
+            return {"stored": ray.get(learner.stats.remote())["stored"],
+                    **{key: float(sum(s[key] for s in stats)) for key in ("busy_s", "labeled", "batches")}}
 
         sampler = GpuBusySampler(gpus) if gpus and nvml_available() else None
         with sampler or nullcontext():
             window = steady_window(read, float(size.warmup_s), float(size.window_s), int(size.repeats))
+    buses, labeled = (window.counters[-1][key] - window.counters[0][key] for key in ("batches", "labeled"))
     result = {"img_per_s": window.median_rate("stored"), "farm_mean_img_per_s": window.mean_rate("stored"),
-              "labeler_busy": window.mean_rate("busy_s") / len(labelers)}
+              "labeler_busy": window.mean_rate("busy_s") / len(labelers),
+              "buses_per_labeler": buses / len(labelers), "frames_per_bus": labeled / buses if buses else 0.0}
+    if result["buses_per_labeler"] < MIN_BUSES:
+        log.warning("bench: the labelers delivered %.1f buses each in the %g s window: the farm's figure, counted in "
+                    "whole buses, may be off by a bus per labeler; raise window_s (bench.judge.window_s for the judge)",
+                    result["buses_per_labeler"], float(size.window_s))
     if sampler:
         result["gpu_busy_percent"] = {str(g): round(p, 1) for g, p in sampler.mean_percent().items()}
     return result

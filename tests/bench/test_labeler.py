@@ -27,13 +27,15 @@ def test_labeler_bench_command_on_cpu_writes_every_figure_with_its_baseline(tmp_
     assert farm["baseline"] == "tiny direct b64"
     assert farm["ratio"] == pytest.approx(farm["value"] / rows["tiny direct b64"]["value"])
     assert farm["gpus"] == 0 and farm["labelers"] == 1 and 0 < farm["labeler_busy"] <= 1
+    assert farm["buses_per_labeler"] > 0 and 0 < farm["frames_per_bus"] <= 64  # a bus at most, backlog or not
     assert result["device_name"].startswith("cpu: ")
     assert "tiny farm per GPU" in out.stdout  # the table
 
 
 def test_producer_plays_a_runner_credits_and_acks_with_the_real_roles(ray_cpu):
     """A producer spends a credit per chunk and gets it back only when the learner acks: a real Labeler labels
-    its chunks; a real SACLearner whose loop is not started stores nothing and acks nothing."""
+    its chunks, a bus (8 transitions) at a time even when both wait in its queue; a real SACLearner whose loop is
+    not started stores nothing and acks nothing."""
     ray = ray_cpu
     fields = {"obs": ([3], "float32"), "next_obs": ([3], "float32"), "action": ([1], "float32"),
               "terminated": ([], "bool"), "truncated": ([], "bool"), "env_reward": ([], "float32")}
@@ -43,14 +45,17 @@ def test_producer_plays_a_runner_credits_and_acks_with_the_real_roles(ray_cpu):
     learner = ray.remote(SACLearner).options(max_concurrency=4).remote(*store_only_learner_args(box_spaces(3, 1)))
     ray.get([producer.set_labelers.remote([labeler]), labeler.set_learner.remote(learner),
              learner.set_runners.remote([producer])])
-    labeler.run.remote()
     done = producer.run.remote()
     deadline = time.monotonic() + 20
+    while ray.get(labeler.stats.remote())["queued"] < 16 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    labeler.run.remote()  # both chunks queued: a backlog
     while ray.get(labeler.stats.remote())["labeled"] < 16 and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(0.5)
     assert ray.get(producer.stats.remote())["chunks"] == 2  # two credits spent, none back: it waits
-    assert ray.get(labeler.stats.remote())["labeled"] == 16
+    stats = ray.get(labeler.stats.remote())
+    assert stats["labeled"] == 16 and stats["batches"] == 2  # one bus per chunk, not one call of the whole backlog
     ray.get(producer.ack.remote([0]))
     time.sleep(1.0)
     assert ray.get(producer.stats.remote())["chunks"] == 3  # one credit back → exactly one more chunk

@@ -46,3 +46,18 @@ def test_fake_clock_drives_ready():
     assert not bus.ready()
     now[0] = 1.0
     assert bus.ready()
+
+
+def test_a_backlog_fires_one_bus_at_a_time_in_order():
+    """A labeler that fell behind gets its queue a bus at a time (N units, whole items), not as one call of every
+    chunk in flight; what is left keeps its place, its timeout counted from its oldest item's arrival."""
+    now = [0.0]
+    bus = Bus(max_items=10, timeout_s=1.0, clock=lambda: now[0])
+    for name in "abcde":
+        bus.put(name, units=4)
+        now[0] += 0.1
+    assert bus.take(wait_s=0) == ["a", "b", "c"]  # the oldest, up to the first that reaches 10 units
+    assert len(bus) == 8 and not bus.ready()        # 8 < 10, and "d" has waited 0.2 s of its 1 s
+    now[0] = 1.35
+    assert bus.take(wait_s=0) == ["d", "e"]         # "d" arrived at 0.3: its 1 s is up (from the take at 0.5 it would not be)
+    assert bus.take(wait_s=0) == [] and len(bus) == 0
