@@ -2,14 +2,15 @@
 after WARM updates (the first ones pay compilation and graph capture), step time against its slowest stage
 (max of generate and update), and each GPU's mean utilisation over the same updates (nvidia-smi samples)."""
 import json
+import os
 import statistics
 import sys
 from datetime import datetime
 from pathlib import Path
 
-WARM = 5
+WARM = int(os.environ.get("WARM", 5))  # updates left out (compile, graph capture)
 KEYS = ("step_s", "generate_s", "update_s", "wait_s", "sync_s", "publish_s", "score_s", "step_samples_per_s",
-        "step_tokens_per_s", "generated_tokens_per_s", "engine_busy", "learner_busy", "staleness")
+        "step_tokens_per_s", "generated_tokens_per_s", "engine_busy", "learner_busy", "staleness", "partial_ratio", "kept_groups")
 
 
 def gpu_busy(csv: Path, start: float, end: float) -> dict:
