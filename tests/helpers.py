@@ -54,11 +54,6 @@ def shared_ray_address() -> str | None:
     return _shared_ray.address
 
 
-def shared_ray_pids() -> set[int]:
-    """The processes of this test process's shared cluster (none when it has not started one)."""
-    return set(_shared_ray.nodes["a"].pids()) if _shared_ray is not None else set()
-
-
 def stop_shared_ray() -> None:
     global _shared_ray
     if _shared_ray is not None:
