@@ -64,22 +64,14 @@ def stop_shared_ray() -> None:
         _shared_ray = None
 
 
-def _shared_ray_covers(override: str) -> bool:
-    """Whether a ray.* override only declares resources the shared cluster has (ray.num_cpus=4, ray.num_gpus=1)."""
-    key, _, value = override.partition("=")
-    declared = {"ray.num_cpus": SHARED_RAY_CPUS, "ray.num_gpus": SHARED_RAY_GPUS}
-    try:
-        return key in declared and float(value) <= declared[key]
-    except ValueError:  # a bad value is the run's to refuse, on a private cluster as a user's run would be
-        return False
-
-
 def on_shared_ray(overrides) -> list[str]:
     """`overrides` on the shared cluster: ray.address added, and ray.num_cpus / ray.num_gpus (what a private
     cluster would declare) left out where the shared one declares at least as many. Unchanged for a run that
     names its cluster, declares more, sets a launcher or resumes (it keeps what its run saved)."""
     overrides = list(overrides)
-    fits = all(_shared_ray_covers(o) for o in overrides if o.startswith("ray."))
+    declared = {"ray.num_cpus": SHARED_RAY_CPUS, "ray.num_gpus": SHARED_RAY_GPUS}
+    fits = all(o.split("=", 1)[0] in declared and float(o.split("=", 1)[1]) <= declared[o.split("=", 1)[0]]
+               for o in overrides if o.startswith("ray."))
     if not fits or any(o.startswith(("hydra/launcher=", "resume=")) for o in overrides):
         return overrides
     address = shared_ray_address()
