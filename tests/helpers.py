@@ -65,19 +65,11 @@ def stop_shared_ray() -> None:
 
 
 def on_shared_ray(overrides) -> list[str]:
-    """`overrides` on the shared cluster: ray.address added, and ray.num_cpus / ray.num_gpus (what a private
-    cluster would declare) left out where the shared one declares at least as many. Unchanged for a run that
-    names its cluster, declares more, sets a launcher or resumes (it keeps what its run saved)."""
-    overrides = list(overrides)
-    declared = {"ray.num_cpus": SHARED_RAY_CPUS, "ray.num_gpus": SHARED_RAY_GPUS}
-    fits = all(o.split("=", 1)[0] in declared and float(o.split("=", 1)[1]) <= declared[o.split("=", 1)[0]]
-               for o in overrides if o.startswith("ray."))
-    if not fits or any(o.startswith(("hydra/launcher=", "resume=")) for o in overrides):
-        return overrides
+    """`overrides` with ray.address of the shared cluster added, for a run that does not pick its own."""
+    if any(o.startswith(("ray.", "hydra/launcher=", "resume=")) for o in overrides):
+        return list(overrides)
     address = shared_ray_address()
-    if not address:
-        return overrides
-    return [*(o for o in overrides if not o.startswith("ray.")), f"ray.address={address}"]
+    return [*overrides, f"ray.address={address}"] if address else list(overrides)
 
 
 def train(run_dir, *overrides, timeout=600):

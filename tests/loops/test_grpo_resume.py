@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from helpers import ENV, on_shared_ray
+from helpers import ENV
 
 UPDATES = 24
 RESUME_AT = 20  # the learning test's stop: a few updates in, its reward still near chance
@@ -33,7 +33,6 @@ def test_grpo_sigterm_checkpoints_then_resume_auto_continues(tmp_path):
     args = [sys.executable, "-m", "rlfarm.cli", "train", "experiment=grpo_digits", f"hydra.run.dir={run_dir}",
             "run.live=false", f"algo.max_updates={UPDATES}", "algo.target_reward=null", "algo.prompts_per_step=8",
             "logger=none", "run.checkpoint_every_updates=4", *placement]
-    args = [*args[:4], *on_shared_ray(args[4:])]  # on the shared cluster (helpers.on_shared_ray)
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(rows(run_dir)) < 6 and proc.poll() is None:
@@ -80,7 +79,6 @@ def test_grpo_digits_stopped_early_and_resumed_still_reaches_the_target(tmp_path
     args = [sys.executable, "-m", "rlfarm.cli", "train", "experiment=grpo_digits", f"hydra.run.dir={run_dir}",
             "run.live=false", "logger=none", "topology.roles.engine.count=2", "ray.num_cpus=4",
             "algo.max_staleness=1", "algo.weight_sync=broadcast", f"seed={RESUMED_SEED}"]
-    args = [*args[:4], *on_shared_ray(args[4:])]  # on the shared cluster (helpers.on_shared_ray)
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(rows(run_dir)) < RESUME_AT and proc.poll() is None:

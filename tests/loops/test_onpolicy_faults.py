@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from helpers import ENV, on_shared_ray
+from helpers import ENV
 
 ROLE_TIMEOUT_S = 5
 GRPO = ["experiment=grpo_digits", "run.live=false", "logger=none", "algo.target_reward=null",
@@ -33,8 +33,7 @@ def pid_of(run_dir, role: str, index: int = 0) -> int | None:
 
 
 def start(run_dir, *args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlfarm.cli", "train", f"hydra.run.dir={run_dir}",
-                             *on_shared_ray(args)],
+    return subprocess.Popen([sys.executable, "-m", "rlfarm.cli", "train", f"hydra.run.dir={run_dir}", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
 
 
