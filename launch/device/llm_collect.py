@@ -10,7 +10,8 @@ from pathlib import Path
 
 WARM = int(os.environ.get("WARM", 5))  # updates left out (compile, graph capture)
 KEYS = ("step_s", "generate_s", "update_s", "wait_s", "sync_s", "publish_s", "score_s", "step_samples_per_s",
-        "step_tokens_per_s", "generated_tokens_per_s", "engine_busy", "learner_busy", "staleness", "partial_ratio", "kept_groups")
+        "step_tokens_per_s", "generated_tokens_per_s", "engine_busy", "learner_busy", "staleness", "partial_ratio",
+        "kept_groups")
 
 
 def gpu_busy(csv: Path, start: float, end: float) -> dict:
