@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16's GPU figures: `experiment=$EXPERIMENT` (default grpo_qwen05b_shape; issue 35: grpo_long_tail) once per
-# TOPOLOGY:K (algo.max_staleness=K), GPU utilisation sampled every 200 ms; each run's summary, metrics, log and samples → $OUT/<topology>_k<K>/, and
-# launch/device/llm_collect.py condenses them into $OUT/llm_async.json (medians after WARM updates).
+# TOPOLOGY:K (algo.max_staleness=K), GPU utilisation sampled every 200 ms; each run's summary, metrics, log and
+# samples → $OUT/<topology>_k<K>/, and launch/device/llm_collect.py condenses them into $OUT/llm_async.json (medians after WARM updates).
 # Usage (device tool, carry .devpkgs): source .devpkgs/setup.sh && UPDATES=30 bash launch/device/llm_async.sh \
 #   split_1_1:0 split_1_1:1 colocated_4:0 split_2_2:0 split_2_2:1      [EXTRA="more overrides"]
 set -uo pipefail
