@@ -1,4 +1,4 @@
-from rlfarm.cli import main
+from rlfarm.cli import run
 
 if __name__ == "__main__":  # a spawned child process re-imports this module: it must not run the CLI again
-    main()
+    run()

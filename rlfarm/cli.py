@@ -9,12 +9,15 @@ puts the driver's directory on their path).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import io
+import logging
 import os
 import re
 import sys
+import threading
 
 from rich.console import Console
 from rich.markup import escape
@@ -37,6 +40,11 @@ INTERNAL_GROUPS = {"train": ("bench", "net", "schema"), "plan": ("bench", "net",
 HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--shell-completion", "-sc"}
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# Before torch is first imported: torch scans every installed package's entry points for out-of-tree device
+# backends (Ascend, HPU, ...) on import, ~0.3 CPU-s per process; rlfarm runs on CPU and CUDA, which are built in.
+# A private Ray cluster's workers inherit it from the driver. Set it to 1 to load such a backend.
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 
 def usage() -> str:
@@ -130,5 +138,33 @@ def without_groups(help_text: str, groups: tuple[str, ...]) -> str:
                    if not line.split(":", 1)[0].split("/", 1)[0] in groups or ":" not in line)
 
 
+def run() -> None:
+    """The `rlfarm` command (console script, `python -m rlfarm.cli`): `main`, then leave as Python would — threads
+    joined, atexit handlers run, logs and output flushed — but without tearing down the interpreter's modules, which
+    takes a run's driver ~2 CPU-s once torch, Ray and Hydra are loaded (its run is over by then: Ray shut down,
+    run directory closed). `main` itself raises SystemExit as before, for callers in a process of their own."""
+    try:
+        main()
+        code = 0
+    except SystemExit as done:
+        code = exit_code(done)
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # noqa: SLF001 - what the interpreter runs at exit; os._exit would skip them
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def exit_code(done: SystemExit) -> int:
+    """The process's exit status for SystemExit(done.code), as Python sets it (a message is printed, status 1)."""
+    if done.code is None or isinstance(done.code, int):
+        return done.code or 0
+    print(done.code, file=sys.stderr)
+    return 1
+
+
 if __name__ == "__main__":
-    main()
+    run()
