@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+import driver_server
+
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
 
 # A SAC run small enough for a smoke test: tiny networks and batches, learning starts early.
@@ -18,11 +20,19 @@ PENDULUM_SAC_64 = ["model.actor.hidden=[64,64]", "model.critic.hidden=[64,64]", 
                    "algo.learning_starts=1000"]
 
 
+# The tests' `rlfarm` is a fork of a warm server (tests/driver_server.py: ~4.5 CPU-s of imports saved per command);
+# RLFARM_TEST_SUBPROCESS=1 starts each as a fresh `python -m rlfarm.cli` instead.
+FRESH_PROCESSES = os.environ.get("RLFARM_TEST_SUBPROCESS") == "1"
+
+
 def rlfarm(*args, cwd=None, timeout=600, columns=None):
-    """`rlfarm <args>` in a subprocess; columns: the terminal width its tables are drawn for (80 without a tty)."""
+    """`rlfarm <args>` in a process of its own, its output captured (subprocess.run's CompletedProcess);
+    columns: the terminal width its tables are drawn for (80 without a tty)."""
     env = ENV if columns is None else {**ENV, "COLUMNS": str(columns)}
-    return subprocess.run([sys.executable, "-m", "rlfarm.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=env)
+    if FRESH_PROCESSES:
+        return subprocess.run([sys.executable, "-m", "rlfarm.cli", *args], capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd, env=env)
+    return driver_server.run([str(a) for a in args], cwd=cwd, env=env, timeout=timeout)
 
 
 def train(run_dir, *overrides, timeout=600):
@@ -30,11 +40,18 @@ def train(run_dir, *overrides, timeout=600):
     return rlfarm("train", f"hydra.run.dir={run_dir}", "run.live=false", *overrides, timeout=timeout)
 
 
-def start_train(run_dir, *overrides) -> subprocess.Popen:
-    """`rlfarm train` in the background (its own session, so a test can signal it and its children)."""
-    return subprocess.Popen([sys.executable, "-m", "rlfarm.cli", "train", f"hydra.run.dir={run_dir}",
-                             "run.live=false", *overrides], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ENV, start_new_session=True)
+def start_rlfarm(*args, cwd=None):
+    """`rlfarm <args>` in the background, in a session of its own (a test can signal it and its children); the
+    Popen-like handle has pid, poll, wait, communicate, send_signal, kill, and stdout/stderr to read()."""
+    if FRESH_PROCESSES:
+        return subprocess.Popen([sys.executable, "-m", "rlfarm.cli", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd, start_new_session=True)
+    return driver_server.Driver([str(a) for a in args], cwd=cwd, env=ENV, new_session=True)
+
+
+def start_train(run_dir, *overrides):
+    """`rlfarm train` into `run_dir` in the background (start_rlfarm), without the live view."""
+    return start_rlfarm("train", f"hydra.run.dir={run_dir}", "run.live=false", *overrides)
 
 
 def one_line_error(out) -> str:

@@ -2,8 +2,6 @@
 run as a user runs it, in a subprocess."""
 import json
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,7 +15,7 @@ from rlfarm.families import PPO, family_of
 from rlfarm.loops.ppo import PPOLoop
 from rlfarm.run import Run
 from rlfarm.topology import PlacedTopology, plan_topology
-from helpers import ENV, report_of_one_run, rlfarm
+from helpers import report_of_one_run, rlfarm, start_rlfarm
 
 
 def read_rows(run_dir):
@@ -57,9 +55,9 @@ def test_ppo_on_pendulum_is_preempted_resumes_and_its_checkpoint_plays(tmp_path)
     short), writes a complete run directory, and its final.pt plays as `rlfarm eval` plays it. One run for both
     (a session pair): the end-to-end checks read the resumed run's directory."""
     run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "rlfarm.cli", "train", "algo=ppo", "env=pendulum", "total_env_steps=2000",
+    args = ["train", "algo=ppo", "env=pendulum", "total_env_steps=2000",
             "env.num_envs=2", "algo.epochs=2", f"hydra.run.dir={run_dir}", "run.live=false"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    proc = start_rlfarm(*args)
     deadline = time.monotonic() + 240
     while not ((run_dir / "metrics.jsonl").exists() and len(read_rows(run_dir)) >= 3) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -73,7 +71,7 @@ def test_ppo_on_pendulum_is_preempted_resumes_and_its_checkpoint_plays(tmp_path)
     per_env = 32 * stopped_at  # env steps of each of the 2 envs by then; 200-step episodes
     assert preempted["env_steps"] == 2 * per_env and preempted["episodes"] == 2 * (per_env // 200)
 
-    out = rlfarm(*args[3:], "resume=auto", timeout=600)
+    out = rlfarm(*args, "resume=auto", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] == 2000 and summary["updates"] == 32  # 31 cycles of 2 × 32 steps, then 2 × 8

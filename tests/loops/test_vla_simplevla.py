@@ -21,23 +21,21 @@ def test_an_hf_vla_checkpoint_with_lora_trains_through_the_roles_is_preempted_an
     + exit 75 → resume=auto continues after the checkpoint's update (the adapters restored); metrics.jsonl has every
     update once. One run for both (a session pair)."""
     import signal
-    import subprocess
-    import sys
 
     import torch
 
-    from helpers import ENV, wait_for
+    from helpers import start_rlfarm, wait_for
     from rlfarm.models.lm_factory import save_random_llava
 
     folder = save_random_llava(tmp_path / "llava")
     run_dir = tmp_path / "run"
     updates = 10
-    args = [sys.executable, "-m", "rlfarm.cli", "train", "experiment=simplevla", "model=hf_vla", f"model.source={folder}",
+    args = ["train", "experiment=simplevla", "model=hf_vla", f"model.source={folder}",
             "model.config.lora={r: 4, lora_alpha: 8, target_modules: [q_proj, v_proj]}",
             "topology=vla_1gpu", "topology.roles.env_runner.count=2", "ray.num_gpus=1", "ray.num_cpus=4",
             f"hydra.run.dir={run_dir}", "run.live=false", f"algo.max_updates={updates}", "algo.target_success=null",
             "algo.groups_per_update=4", "algo.group_size=2"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    proc = start_rlfarm(*args)
     wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(_rows(run_dir)) >= 2, 240)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
@@ -47,7 +45,7 @@ def test_an_hf_vla_checkpoint_with_lora_trains_through_the_roles_is_preempted_an
     stopped_at = preempted["extra"]["updates"]
     assert 2 <= stopped_at < updates and any("lora_" in name for name in preempted["model"])
 
-    out = rlfarm(*args[3:], "resume=auto", timeout=600)
+    out = rlfarm(*args, "resume=auto", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["updates"] == updates and summary["samples"] == updates * 4 * 2 and summary["rollout_workers"] == 2

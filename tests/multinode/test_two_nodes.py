@@ -3,11 +3,9 @@ crossing between the nodes' object stores, and the loss of a whole node."""
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
-from helpers import ENV, TINY_SAC, metrics_rows, read_summary, rlfarm, start_train, train, wait_for
+from helpers import TINY_SAC, metrics_rows, read_summary, rlfarm, start_rlfarm, start_train, train, wait_for
 
 TWO_NODE_SAC = ["topology=two_node_cpu", "total_env_steps=1200", *TINY_SAC, "logger=none", "run.checkpoint=false"]
 
@@ -97,9 +95,7 @@ def test_a_lost_node_ends_the_run_in_one_line_naming_it_and_resume_continues(two
     (written,) = (run_dir / "checkpoints").glob("step_*.pt")  # at the loss: periodic ones are off
 
     # the resume starts before node B is back: its driver waits for a node with node_b (run.restart_timeout_s)
-    resume = subprocess.Popen([sys.executable, "-m", "rlfarm.cli", "train", f"resume={run_dir}", "run.live=false"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
-                              start_new_session=True)
+    resume = start_rlfarm("train", f"resume={run_dir}", "run.live=false")
     try:
         log = run_dir / "train.log"
         waiting = lambda: "waiting for a node with node_b" in log.read_text()  # noqa: E731
