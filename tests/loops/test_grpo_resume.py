@@ -69,16 +69,15 @@ def test_grpo_digits_stopped_early_and_resumed_still_reaches_the_target(tmp_path
     from its checkpoint, learns as a fresh run does: it reaches 0.95 within the fresh runs' budget. The resume must
     bring back the policy, AdamW's moments and the version counter, and give the engines sampling streams of their
     own (not the first run's again); the engines generate ahead while the learner trains, and no step is trained on
-    more than k versions after the weights that generated it. One seed here (CI's time); 3 seeds fresh and resumed
-    were run by hand for issue 35. A resumed run is a run on other sampling streams: it can fall into the collapse
-    some fresh runs of this task fall into too (entropy ~0 at reward 0.7-0.9, every group's samples alike, dynamic
-    sampling keeps none; whether a seed does depends on the CPU's float arithmetic: at k = 1 fresh, seed 1 plateaued
-    at 0.897 on one 2-core machine while seeds 2 and 3 reached the target); the seed and the stop are ones that
-    reached the target here (410 updates)."""
+    more than k versions after the weights that generated it.
+    The answer is capped at its 4 digits (`algo.max_new_tokens=4`), since what this test checks is the resume, not
+    learning where to stop: with room for the end token, partial credit pays a 5th character 4/5, and some runs
+    (fresh or resumed) settle on 4 right digits and no end token for some or all prompts, a deterministic policy at
+    reward 0.8-0.9 that no group's samples contradict (entropy ~0, dynamic sampling keeps none)."""
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "rlfarm.cli", "train", "experiment=grpo_digits", f"hydra.run.dir={run_dir}",
             "run.live=false", "logger=none", "topology.roles.engine.count=2", "ray.num_cpus=4",
-            "algo.max_staleness=1", "algo.weight_sync=broadcast", f"seed={RESUMED_SEED}"]
+            "algo.max_staleness=1", "algo.weight_sync=broadcast", "algo.max_new_tokens=4", f"seed={RESUMED_SEED}"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(rows(run_dir)) < RESUME_AT and proc.poll() is None:
