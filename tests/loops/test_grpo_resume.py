@@ -5,14 +5,12 @@ ahead (algo.max_staleness=1: the steps in flight are dropped, the resumed engine
 weights)."""
 import json
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from helpers import ENV
+from helpers import rlfarm, start_rlfarm
 
 UPDATES = 24
 RESUME_AT = 20  # the learning test's stop: a few updates in, its reward still near chance
@@ -30,10 +28,10 @@ def test_grpo_sigterm_checkpoints_then_resume_auto_continues(tmp_path):
     placement = ["topology=split_2_1", "ray.num_gpus=3", "ray.num_cpus=8", "algo.data_parallel=fsdp",
                  "topology.roles.engine.count=2", "topology.roles.engine.gpus=0.25", "algo.max_staleness=1"]
     run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "rlfarm.cli", "train", "experiment=grpo_digits", f"hydra.run.dir={run_dir}",
+    args = ["train", "experiment=grpo_digits", f"hydra.run.dir={run_dir}",
             "run.live=false", f"algo.max_updates={UPDATES}", "algo.target_reward=null", "algo.prompts_per_step=8",
             "logger=none", "run.checkpoint_every_updates=4", *placement]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    proc = start_rlfarm(*args)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(rows(run_dir)) < 6 and proc.poll() is None:
         time.sleep(0.1)
@@ -49,7 +47,7 @@ def test_grpo_sigterm_checkpoints_then_resume_auto_continues(tmp_path):
     # the budget is one of the keys a resume may change: four more updates than the interrupted run planned
     total = UPDATES + 4
     resumed = [f"algo.max_updates={total}" if a.startswith("algo.max_updates=") else a for a in args]
-    out = subprocess.run([*resumed, "resume=auto"], capture_output=True, text=True, env=ENV, timeout=600)
+    out = rlfarm(*resumed, "resume=auto", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"preempted.pt after update {stopped_at}" in (run_dir / "train.log").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -75,10 +73,10 @@ def test_grpo_digits_stopped_early_and_resumed_still_reaches_the_target(tmp_path
     (fresh or resumed) settle on 4 right digits and no end token for some or all prompts, a deterministic policy at
     reward 0.8-0.9 that no group's samples contradict (entropy ~0, dynamic sampling keeps none)."""
     run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "rlfarm.cli", "train", "experiment=grpo_digits", f"hydra.run.dir={run_dir}",
+    args = ["train", "experiment=grpo_digits", f"hydra.run.dir={run_dir}",
             "run.live=false", "logger=none", "topology.roles.engine.count=2", "ray.num_cpus=4",
             "algo.max_staleness=1", "algo.weight_sync=broadcast", "algo.max_new_tokens=4", f"seed={RESUMED_SEED}"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    proc = start_rlfarm(*args)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(rows(run_dir)) < RESUME_AT and proc.poll() is None:
         time.sleep(0.1)
@@ -88,7 +86,7 @@ def test_grpo_digits_stopped_early_and_resumed_still_reaches_the_target(tmp_path
     stopped_at = torch.load(run_dir / "checkpoints" / "preempted.pt", weights_only=True)["extra"]["updates"]
     assert rows(run_dir)[stopped_at - 1]["reward_mean"] < 0.5  # stopped long before the target
 
-    out = subprocess.run([*args, "resume=auto"], capture_output=True, text=True, env=ENV, timeout=600)
+    out = rlfarm(*args, "resume=auto", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["reached_target"] and summary["reward_mean"] >= 0.95, summary
