@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY_SAC, rlfarm
+from helpers import TINY_SAC, rlfarm, shared_ray_address, stop_shared_ray
 
 # Tests start their own Ray; keep it local, quiet and without a dashboard.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -46,13 +46,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _stop_the_shared_ray():
+    """The shared cluster of `train`/`start_train` runs and `ray_cpu` (helpers.py), if this process started one."""
+    yield
+    stop_shared_ray()
+
+
 @pytest.fixture(scope="module")
 def ray_cpu():
-    """A real local Ray for one test module, with 4 GPUs *declared* so placement can be tested on CPU."""
+    """A real Ray for one test module, with 4 GPUs *declared* so placement can be tested on CPU: this process joins
+    the shared cluster (helpers.shared_ray_address), or starts a private one where sharing is off."""
     import ray
 
-    ray.init(address="local", num_cpus=16, num_gpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False, configure_logging=False)
+    address = shared_ray_address()
+    if address:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    else:
+        ray.init(address="local", num_cpus=16, num_gpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 

@@ -3,10 +3,12 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import driver_server
+from ray_nodes import RayNodes
 
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
 
@@ -35,9 +37,58 @@ def rlfarm(*args, cwd=None, timeout=600, columns=None):
     return driver_server.run([str(a) for a in args], cwd=cwd, env=env, timeout=timeout)
 
 
+# One real Ray cluster per test process (each xdist worker), started on first use and stopped when the session
+# ends (conftest.py): `train` and `start_train` runs join it (ray.address=...) rather than each starting a private
+# one, whose start-up (GCS, raylet, dashboard API server, agents, monitors, prestarted workers) costs ~8 CPU-s, a
+# sixth of a small run's CPU on the 2-core CI machine. A run that declares its own resources or cluster (any ray.*
+# override), or sets a launcher (its jobs run elsewhere), keeps a private cluster, as does every run with
+# RLFARM_TEST_PRIVATE_RAY=1. The cluster declares more than any such run asks for: placement is still checked.
+SHARED_RAY_CPUS, SHARED_RAY_GPUS = 16, 4
+_shared_ray: RayNodes | None = None
+
+
+def shared_ray_address() -> str | None:
+    """The address of this test process's shared cluster (started now if it is not yet), or None when sharing
+    is off."""
+    global _shared_ray
+    if os.environ.get("RLFARM_TEST_PRIVATE_RAY"):
+        return None
+    if _shared_ray is None:
+        nodes = RayNodes(Path(tempfile.mkdtemp(prefix="rlsh")))  # short: Ray's socket paths live under it
+        # not niced (its workers are the runs' roles) and Ray's own health check: on a loaded 2-core machine the
+        # fast one could declare this, the only node, dead
+        nodes.start_node("a", cpus=SHARED_RAY_CPUS, gpus=SHARED_RAY_GPUS, nice=False, fast_health_check=False,
+                         object_store_mb=1000)
+        _shared_ray = nodes
+    return _shared_ray.address
+
+
+def shared_ray_pids() -> set[int]:
+    """The processes of this test process's shared cluster (none when it has not started one)."""
+    return set(_shared_ray.nodes["a"].pids()) if _shared_ray is not None else set()
+
+
+def stop_shared_ray() -> None:
+    global _shared_ray
+    if _shared_ray is not None:
+        import shutil
+
+        _shared_ray.stop()
+        shutil.rmtree(_shared_ray.root, ignore_errors=True)
+        _shared_ray = None
+
+
+def on_shared_ray(overrides) -> list[str]:
+    """`overrides` with ray.address of the shared cluster added, for a run that does not pick its own."""
+    if any(o.startswith(("ray.", "hydra/launcher=", "resume=")) for o in overrides):
+        return list(overrides)
+    address = shared_ray_address()
+    return [*overrides, f"ray.address={address}"] if address else list(overrides)
+
+
 def train(run_dir, *overrides, timeout=600):
-    """`rlfarm train` into `run_dir`, without the live view."""
-    return rlfarm("train", f"hydra.run.dir={run_dir}", "run.live=false", *overrides, timeout=timeout)
+    """`rlfarm train` into `run_dir`, without the live view, on the shared cluster (`on_shared_ray`)."""
+    return rlfarm("train", f"hydra.run.dir={run_dir}", "run.live=false", *on_shared_ray(overrides), timeout=timeout)
 
 
 def start_rlfarm(*args, cwd=None):
@@ -50,8 +101,9 @@ def start_rlfarm(*args, cwd=None):
 
 
 def start_train(run_dir, *overrides):
-    """`rlfarm train` into `run_dir` in the background (start_rlfarm), without the live view."""
-    return start_rlfarm("train", f"hydra.run.dir={run_dir}", "run.live=false", *overrides)
+    """`rlfarm train` into `run_dir` in the background (start_rlfarm), without the live view, on the shared
+    cluster (`on_shared_ray`)."""
+    return start_rlfarm("train", f"hydra.run.dir={run_dir}", "run.live=false", *on_shared_ray(overrides))
 
 
 def one_line_error(out) -> str:

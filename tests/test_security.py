@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import shared_ray_pids
+
 SECRETS = {"WANDB_API_KEY": "wandb-secret-5f1c2e", "HF_TOKEN": "hf_secretToken9c3d1",
            "AWS_SECRET_ACCESS_KEY": "aws-secret-7b2a99"}
 TINY = ["total_env_steps=300", "algo.learning_starts=100", "algo.batch_size=32", "model.actor.hidden=[32,32]",
@@ -31,11 +33,14 @@ def _is_loopback(ip: str) -> bool:
 
 
 def _ray_listeners() -> list[tuple[str, str, int]]:
-    """(process, ip, port) for every listening TCP socket of the processes this test process started."""
+    """(process, ip, port) for every listening TCP socket of the processes this test process started (the
+    shared cluster of other modules' runs, helpers.shared_ray_address, left out: it is not the run's)."""
     import psutil
 
-    rows = []
+    rows, shared = [], shared_ray_pids()
     for proc in psutil.Process().children(recursive=True):
+        if proc.pid in shared:
+            continue
         try:
             argv = proc.cmdline() or [proc.name()]
             program = [os.path.basename(a) for a in argv[:2]]

@@ -233,7 +233,9 @@ def test_step_buffers_leave_no_shared_file_behind():
 def test_a_dead_worker_is_an_error_naming_its_sub_envs_not_a_hang():
     env = VectorEnv("Pendulum-v1", num_envs=3, workers=2)
     env.reset()
-    (first, second) = psutil.Process().children()[-2:]
+    # the env's own worker processes, in sub-env order (not "the newest children": pids wrap, and this process
+    # may have other children, such as the shared Ray cluster of tests/helpers.py)
+    (first, second) = [psutil.Process(worker.process.pid) for group in env._workers for worker in group]
     second.kill()
     second.wait(10)
     with pytest.raises(EnvWorkerError, match=r"sub-envs 2\.\.2 exited"):
