@@ -12,7 +12,9 @@
 # Settings are the ones known to work without systemd or cgroups (docs: shared/ENVIRONMENT.md, Slurm 22.05):
 # proctrack/linuxproc, task/none, no accounting, cons_tres with CR_CPU, a 2 s scheduler interval and
 # cred_expire=5 (a requeued job may start again only once its old credential expired: 120 s by default; 5 cut the
-# requeue tests by ~9 s each against 10).
+# requeue tests by ~9 s each against 10) and KillWait=5 (a cancelled or requeued job is gone, and may start
+# again, only once its last process exited: the Ray processes of a job and a driver whose Ray went down with it
+# outlast TERM, so every requeue waited the whole KillWait).
 # Without accounting (slurmdbd) `sacct` answers nothing: never block on submitit's job.result() for a job
 # that may be cancelled.
 # Every wait is bounded; `stop` kills only the processes whose pid files this script's daemons wrote.
@@ -95,7 +97,7 @@ SchedulerParameters=sched_interval=2,bf_interval=2
 MpiDefault=none
 ReturnToService=2
 JobRequeue=1
-KillWait=10
+KillWait=5
 MinJobAge=600
 InactiveLimit=0
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
@@ -157,7 +159,7 @@ stop() {
         if [ -n "$jobs" ]; then
             # shellcheck disable=SC2086
             timeout 10 scancel $jobs >/dev/null 2>&1 || true
-            for _ in $(seq 100); do  # TERM, then KILL after KillWait=10 s
+            for _ in $(seq 100); do  # TERM, then KILL after KillWait=5 s
                 [ -z "$(timeout 5 squeue -h -o %i 2>/dev/null || true)" ] && break
                 sleep 0.2
             done

@@ -6,7 +6,9 @@ import pytest
 
 from helpers import TINY_SAC, metrics_rows, read_summary, rlfarm, start_train, wait_for
 
-TINY = ["total_env_steps=3000", *TINY_SAC, "run.checkpoint_every_updates=300"]
+# two periodic checkpoints by ~550 env steps (learning starts at 200, one update per step); the resumed run goes on
+# from the older one to the end
+TINY = ["total_env_steps=1500", *TINY_SAC, "run.checkpoint_every_updates=150"]
 
 
 def start(run_dir, *overrides):
@@ -40,9 +42,9 @@ def test_sigkill_then_resume_continues_from_the_newest_intact_checkpoint(tmp_pat
             f"resuming from checkpoints/{previous.name}") in said
     assert f"resumed from {previous} at {state['stored']} env steps" in said
     summary = read_summary(run_dir)
-    assert summary["env_steps"] == 3000 and summary["restarts"] == 1
+    assert summary["env_steps"] == 1500 and summary["restarts"] == 1
     assert summary["updates"] >= state["updates"]  # counters continue, they do not restart at zero
-    assert summary["transitions_stored"] == summary["transitions_produced"] == 3000
+    assert summary["transitions_stored"] == summary["transitions_produced"] == 1500
     rows = metrics_rows(run_dir)
     steps, walls = [row["env_steps"] for row in rows], [row["wall_s"] for row in rows]
     # No step is logged twice: rows written after the checkpoint by the killed run were dropped, and the

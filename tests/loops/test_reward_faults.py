@@ -7,7 +7,7 @@ import numpy as np
 from helpers import TINY_SAC
 from helpers import train as rlfarm_train
 
-TINY = ["total_env_steps=800", *TINY_SAC, "labeler.bus_items=16"]
+TINY = ["total_env_steps=400", *TINY_SAC, "labeler.bus_items=16"]
 
 
 def train(run_dir, *overrides):
@@ -19,7 +19,7 @@ def test_transient_failures_are_retried_and_nothing_is_lost(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["reward_retries"] > 0 and s["transitions_quarantined"] == 0
-    assert s["transitions_produced"] == s["transitions_labeled"] == s["transitions_stored"] == 800
+    assert s["transitions_produced"] == s["transitions_labeled"] == s["transitions_stored"] == 400
 
 
 def test_poisoned_chunks_are_quarantined_not_zeroed(tmp_path):

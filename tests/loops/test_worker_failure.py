@@ -11,17 +11,19 @@ import pytest
 from helpers import TINY_SAC, metrics_rows, start_train, wait_for
 from rlfarm.loops.vla import SERVER_DIED_BETWEEN, SERVER_DIED_IN_ROLLOUT
 
-ONE_EACH = ["total_env_steps=6000", *TINY_SAC, "algo.utd_ratio=0.25", "run.checkpoint=false"]  # topology=local
+# Each runner has its own share of the env steps (a restarted one finishes its own), so the run cannot end before
+# both kills are recovered: the shares only need to outlast the start (the kills land at ~500 steps, updates > 50).
+ONE_EACH = ["total_env_steps=3000", *TINY_SAC, "algo.utd_ratio=0.25", "run.checkpoint=false"]  # topology=local
 RUN = [*ONE_EACH, "topology.roles.env_runner.count=2", "topology.roles.labeler.count=2", "ray.num_cpus=4"]
 
 
 # IMPALA with two data-parallel learner ranks: a restarted labeler must deliver to both ranks again, a restarted
 # runner's chunks go to its rank (runner 1 → rank 1), and the ranks keep training in lockstep through it.
-IMPALA = ["algo=impala", "env=cartpole", "total_env_steps=60000", "run.checkpoint=false", "logger=none",
+IMPALA = ["algo=impala", "env=cartpole", "total_env_steps=30000", "run.checkpoint=false", "logger=none",
           "topology.roles.env_runner.count=2", "topology.roles.labeler.count=2", "topology.roles.learner.count=2",
           "topology.roles.learner.threads=1", "algo.batch_chunks=1", "ray.num_cpus=5"]
 # per algo: (overrides, env steps asked, the most a dead runner's unfinished chunk may take with it, updates by the kill)
-CASES = {"sac": (RUN, 6000, 2 * 16, 50), "impala": (IMPALA, 60000, 32 * 8, 10)}
+CASES = {"sac": (RUN, 3000, 2 * 16, 50), "impala": (IMPALA, 30000, 32 * 8, 10)}
 
 
 def learning(run_dir, updates: int = 50) -> bool:
