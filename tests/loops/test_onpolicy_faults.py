@@ -5,13 +5,11 @@ naming it and the resume command, and the GRPO run resumes from its newest check
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from helpers import ENV
+from helpers import rlfarm, start_rlfarm
 
 ROLE_TIMEOUT_S = 5
 GRPO = ["experiment=grpo_digits", "run.live=false", "logger=none", "algo.target_reward=null",
@@ -32,12 +30,11 @@ def pid_of(run_dir, role: str, index: int = 0) -> int | None:
     return next((r["pid"] for r in json.loads(path.read_text()) if (r["role"], r["index"]) == (role, index)), None)
 
 
-def start(run_dir, *args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlfarm.cli", "train", f"hydra.run.dir={run_dir}", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+def start(run_dir, *args):
+    return start_rlfarm("train", f"hydra.run.dir={run_dir}", *args)
 
 
-def wait_for(condition, timeout_s: float, proc: subprocess.Popen) -> None:
+def wait_for(condition, timeout_s: float, proc) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert proc.poll() is None, proc.stderr.read()[-3000:]
@@ -45,7 +42,7 @@ def wait_for(condition, timeout_s: float, proc: subprocess.Popen) -> None:
         time.sleep(0.1)
 
 
-def stop_learner_and_expect_one_line(run_dir, proc: subprocess.Popen, after_rows: int) -> tuple[str, int]:
+def stop_learner_and_expect_one_line(run_dir, proc, after_rows: int) -> tuple[str, int]:
     """SIGSTOP the learner once the run logged `after_rows` rows; the run must end in time, naming it. Returns
     (its stderr, the learner's pid), the stopped process killed so nothing leaks."""
     wait_for(lambda: len(rows(run_dir)) >= after_rows and pid_of(run_dir, "learner"), 300, proc)
@@ -70,7 +67,7 @@ def stop_learner_and_expect_one_line(run_dir, proc: subprocess.Popen, after_rows
     return err, learner
 
 
-def kill_and_see_it_restarted(run_dir, proc: subprocess.Popen, role: str) -> tuple[int, int]:
+def kill_and_see_it_restarted(run_dir, proc, role: str) -> tuple[int, int]:
     """SIGKILL `role` 1 once the run logged 3 rows; wait for Ray's restart and two more rows from the new process.
     Returns (the killed pid, the rows logged then); the run is killed if any of it fails."""
     try:
@@ -102,8 +99,7 @@ def test_a_killed_grpo_engine_is_restarted_then_a_stopped_learner_ends_the_run_i
     # the command the line gave, as the user would type it, with another budget: `algo.max_updates` is checked
     # against the resumed run's config (GRPO's), not the default composition's (SAC has no such key)
     stopped_at = len(rows(run_dir))
-    out = subprocess.run([sys.executable, "-m", "rlfarm.cli", "train", f"resume={run_dir}",
-                          f"algo.max_updates={stopped_at + 2}"], capture_output=True, text=True, env=ENV, timeout=600)
+    out = rlfarm("train", f"resume={run_dir}", f"algo.max_updates={stopped_at + 2}", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ignored" not in out.stdout + out.stderr  # the run's own overrides compose what it saved: nothing differs
     assert "resumed from" in (run_dir / "train.log").read_text()
