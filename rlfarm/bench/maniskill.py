@@ -29,8 +29,6 @@ UNIT = "env steps/s"
 
 def run(cfg: DictConfig, device: str) -> list[dict]:
     size = sizes(cfg, device)
-    if device == "cpu":
-        torch.set_num_threads(int(cfg.cpu_threads))
     rows = []
     for image_size in size.image_sizes:
         for num_envs in size.num_envs:
