@@ -41,6 +41,8 @@ log = logging.getLogger("rlfarm")
 
 def run(cfg: DictConfig, device: str) -> list[dict]:
     size = sizes(cfg, device)
+    if device == "cpu":
+        torch.set_num_threads(int(cfg.cpu_threads))
     dtype = getattr(torch, str(cfg.dtype)) if device == "cuda" else torch.float32
     torch.manual_seed(int(cfg.seed))
     shape = model_shape(cfg.get("shape"), size.model)

@@ -31,6 +31,8 @@ UNIT = "transitions/s"
 
 def run(cfg: DictConfig, device: str) -> list[dict]:
     size = sizes(cfg, device)
+    if device == "cpu":
+        torch.set_num_threads(int(cfg.cpu_threads))
     common = {"batch": int(size.batch_chunks) * int(size.chunk_steps) * int(size.envs), "side": int(size.side),
               "encoder": str(size.encoder), "loss": str(size.loss), "epochs": int(size.epochs)}
     rows = []

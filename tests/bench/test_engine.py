@@ -8,7 +8,10 @@ from helpers import rlfarm
 
 
 def test_bench_engine_on_cpu_writes_each_batch_next_to_hf_generate_and_the_long_tail_cases(tmp_path):
+    # One timed call per figure, and the long tail's two waves of 4 slots at a cap of 16: every row still written
+    # (the long-tail comparison is of counted tokens and steps, the same whatever the timing)
     out = rlfarm("bench", "engine", "device=cpu", "bench.profile=true", "bench.profile_steps=2",
+                 "bench.sizes_cpu.repeats=1", "bench.sizes_cpu.long_tail.prompts=8", "bench.sizes_cpu.long_tail.cap=16",
                  f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "bench.json").read_text())

@@ -14,9 +14,11 @@ from rlfarm.roles.labeler import Labeler
 from rlfarm.roles.sac_learner import SACLearner
 
 
-@pytest.mark.slow  # Ray, a CLIP tower and three phases of actors: ~30-60 s on two cores
+@pytest.mark.slow  # Ray, a CLIP tower and two phases of actors
 def test_labeler_bench_command_on_cpu_writes_every_figure_with_its_baseline(tmp_path):
-    out = rlfarm("bench", "labeler", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}", timeout=600)
+    # shorter windows (the tiny tower labels a 64-frame bus in milliseconds: still dozens of buses a slice)
+    out = rlfarm("bench", "labeler", "device=cpu", "bench.sizes_cpu.warmup_s=0.3", "bench.sizes_cpu.window_s=1.5",
+                 "bench.sizes_cpu.inline_frames=8", f"hydra.run.dir={tmp_path / 'run'}", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "bench.json").read_text())
     rows = {row["case"]: row for row in result["rows"]}

@@ -11,9 +11,12 @@ from rlfarm.bench.stand_ins import MODULE_ENV_ID
 from rlfarm.envs.vector import VectorEnv
 
 
-@pytest.mark.slow  # Ray and three phases of actors: ~30-60 s on two cores
+@pytest.mark.slow  # Ray and three phases of actors
 def test_pipeline_bench_command_on_cpu_compares_the_pipeline_with_its_slower_stage(tmp_path):
-    out = rlfarm("bench", "pipeline", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}", timeout=600)
+    # One runner (a producer in the reward stage): three actors fewer to start, each a process importing torch;
+    # 1 s windows: still about fifteen chunks (32 ms each) and buses (36 ms each) in each half-second slice
+    out = rlfarm("bench", "pipeline", "device=cpu", "bench.sizes_cpu.runners=1", "bench.sizes_cpu.warmup_s=0.2",
+                 "bench.sizes_cpu.window_s=1.0", f"hydra.run.dir={tmp_path / 'run'}", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = {row["case"]: row for row in json.loads((tmp_path / "run" / "bench.json").read_text())["rows"]}
     assert list(rows) == ["reward stage alone", "env stage alone", "whole pipeline",
