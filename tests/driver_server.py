@@ -50,8 +50,9 @@ def _serve(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str, n
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
         os.close(target)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)  # line-buffered, as PYTHONUNBUFFERED asks of the tests
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    # line-buffered, as PYTHONUNBUFFERED asks of the tests; UTF-8, as Python's own streams are on these machines
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", closefd=False)
     import rlfarm.cli
 
     sys.argv = [rlfarm.cli.__file__, *argv]
@@ -66,7 +67,7 @@ class _Output:
         self.path = path
 
     def read(self) -> str:
-        return self.path.read_text(errors="replace") if self.path.exists() else ""
+        return self.path.read_text(encoding="utf-8", errors="replace") if self.path.exists() else ""
 
 
 class Driver:
