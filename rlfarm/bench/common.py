@@ -45,6 +45,15 @@ def sizes(cfg: DictConfig, device: str) -> DictConfig:
     return cfg.sizes_cpu if device == "cpu" and "sizes_cpu" in cfg else cfg.sizes
 
 
+def use_cpu_threads(cfg: DictConfig, device: str) -> None:
+    """`cpu_threads` torch threads on CPU, as the roles run (threads: 1): on a shared 2-core machine more threads
+    mostly wait on each other."""
+    if device == "cpu":
+        import torch
+
+        torch.set_num_threads(int(cfg.cpu_threads))
+
+
 def synchronize(device: str) -> None:
     if device.startswith("cuda"):
         import torch

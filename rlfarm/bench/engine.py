@@ -27,7 +27,7 @@ import logging
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlfarm.bench.common import median_rate, sizes
+from rlfarm.bench.common import median_rate, sizes, use_cpu_threads
 from rlfarm.bench.engine_long_tail import run_long_tail
 from rlfarm.config import CONF_DIR
 from rlfarm.engines.hf import HFEngine
@@ -41,8 +41,7 @@ log = logging.getLogger("rlfarm")
 
 def run(cfg: DictConfig, device: str) -> list[dict]:
     size = sizes(cfg, device)
-    if device == "cpu":
-        torch.set_num_threads(int(cfg.cpu_threads))
+    use_cpu_threads(cfg, device)
     dtype = getattr(torch, str(cfg.dtype)) if device == "cuda" else torch.float32
     torch.manual_seed(int(cfg.seed))
     shape = model_shape(cfg.get("shape"), size.model)

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlfarm.algos.sac import SACAgent
 from rlfarm.config import CONF_DIR
 from rlfarm.algos.sac_graph import GraphedSACUpdates, SACStep, replay_draw
-from rlfarm.bench.common import median_rate, sizes, synchronize
+from rlfarm.bench.common import median_rate, sizes, synchronize, use_cpu_threads
 from rlfarm.bench.learner_beside import measure_beside
 from rlfarm.buffers.replay import ReplayBuffer
 from rlfarm.buffers.sampler import UniformSampler
@@ -47,9 +47,7 @@ UNIT = "updates/s"
 
 def run(cfg: DictConfig, device: str) -> list[dict]:
     size = sizes(cfg, device)
-    if device == "cpu":
-        # As the learner role does (threads: 1): on a shared 2-core machine more threads mostly wait on each other.
-        torch.set_num_threads(int(cfg.cpu_threads))
+    use_cpu_threads(cfg, device)
     # Every compiled variant of every case is another entry in dynamo's per-function cache (Adam.step is one
     # function for all optimizers): the default limit of 8 would silently send later variants back to eager.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)

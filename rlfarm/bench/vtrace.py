@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.algos.vtrace_agent import BatchStaging, VTraceAgent, VTraceConfig, trajectories
-from rlfarm.bench.common import median_rate, sizes
+from rlfarm.bench.common import median_rate, sizes, use_cpu_threads
 from rlfarm.models.conv_actor_critic import ConvActorCritic
 
 log = logging.getLogger("rlfarm")
@@ -31,8 +31,7 @@ UNIT = "transitions/s"
 
 def run(cfg: DictConfig, device: str) -> list[dict]:
     size = sizes(cfg, device)
-    if device == "cpu":
-        torch.set_num_threads(int(cfg.cpu_threads))
+    use_cpu_threads(cfg, device)
     common = {"batch": int(size.batch_chunks) * int(size.chunk_steps) * int(size.envs), "side": int(size.side),
               "encoder": str(size.encoder), "loss": str(size.loss), "epochs": int(size.epochs)}
     rows = []
