@@ -1,0 +1,111 @@
+#!/bin/bash
+# Issue 36's acceptance on 2 GPUs (no 4-GPU kind was lent): topology=split_1_1, the learner on GPU 0, two labelers
+# and (the default layout, no env.render_gpus) every runner's EGL rendering on GPU 1; HalfCheetah, 224-px frames.
+# One device call of ~7.5 min; run it twice, so that each figure is the median of two calls.
+#  1. side by side: `rlfarm bench learner` on GPU 0 (the role's bursts at the runs' batch) and, on GPU 1, the reward
+#     models' direct batched calls (launch/device/ceilings.py: CLIP ViT-L/14 bf16 and fp8, the ~2B judge; their
+#     compiles on 8 threads each, so that the learner's bench keeps free cores);
+#  2. one after another ($RUNNERS runners x $NUM_ENVS sub-envs, UTD $UTD, batch $BATCH, $WALL s of acting each;
+#     launch/device/collect.py takes the rates from 10 s after the first update, the judge's from 10 s after its
+#     first labels, to run.max_wall_s):
+#     reward=env with frames rendered and unused, reward=clip (bf16), reward=clip reward.precision=fp8, and
+#     reward=vlm_judge at the ~2B shape ($JUDGE_RUNNERS runners: it labels a few hundred frames/s, and fewer chunks
+#     in flight drain within the wind-down, so that produced = labeled = stored is a fair check);
+#  3. launch/device/collect.py issue36 → $OUT/issue36.json (every figure; each acceptance ratio beside its baseline
+#     from this call), rewritten after each step; the logs' tails and the plan → $OUT/logs.txt.
+# UTD 0.75: the learner is then the pipeline's limit (~2,900 updates/s need ~3,900 env steps/s, which 24 runners
+# exceed; at UTD 0.25 it would need ~11,600, which a 32-core machine's runners do not reach, and its speed could not
+# be judged), and one reward GPU is asked for as many frames per update as each of split_1_3's three at UTD 0.25.
+# Usage (device tool, kind nvidia-h200-x2; carry .devpkgs, .gl and .wt_farm2, a copy of this tree with the mujoco,
+# mujoco-core, glfw and pyopengl wheels in .wt_farm2/whl):
+#   source .devpkgs/setup.sh && cd .wt_farm2 && export PYTHONPATH=$PWD:$PYTHONPATH && bash launch/device/issue36_split_1_1.sh
+# DEVICE=cpu: a dry run of every command at tiny sizes on a CPU machine (GPUs declared to Ray, tiny models).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; W=${WORK:-/tmp/i36}; GL=${GL:-../.gl}; WHL=${WHL:-whl}; DEVICE=${DEVICE:-cuda}
+RUNNERS=${RUNNERS:-24}; JUDGE_RUNNERS=${JUDGE_RUNNERS:-8}; NUM_ENVS=${NUM_ENVS:-4}; UTD=${UTD:-0.75}
+BATCH=${BATCH:-1024}; WALL=${WALL:-35}; JUDGE_WALL=${JUDGE_WALL:-45}; JUDGE=${JUDGE:-qwen2-vl-2b_shape}
+HARD=${HARD:-440}   # seconds into the call by which every run must have ended (the device call's limit less the rest)
+rm -rf "$W"; mkdir -p "$OUT" "$W/runs" "$W/sync"
+log() { echo "[${SECONDS}s] $*" | tee -a "$W/timeline.txt"; }
+
+for f in "$GL"/*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done; [ -d "$GL" ] && ldconfig
+if [ -d "$WHL" ] && ! python3 -c "import mujoco" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHL"/*.whl
+fi
+export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
+[ -f /usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json ] && \
+  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+has_smi() { command -v nvidia-smi > /dev/null; }
+has_smi && nvidia-smi -L > "$W/gpus.txt"; nproc >> "$W/gpus.txt"
+
+if [ "$DEVICE" = cpu ]; then  # tiny everything; Ray told of 2 GPUs so that split_1_1 places
+  CLIP_SHAPE=tiny; JUDGE=tiny_shape; CASES="clip_bf16 judge"; SIZE=(ray.num_gpus=2 ray.num_cpus=8)
+  FRAME=48
+else
+  CLIP_SHAPE=vit-l-14; CASES="clip_bf16 clip_fp8 judge"; SIZE=(); FRAME=224
+fi
+CLIP=/tmp/clip-$CLIP_SHAPE
+collect() { python3 launch/device/collect.py issue36 "$W" > "$OUT/issue36.json.tmp" && mv "$OUT/issue36.json.tmp" "$OUT/issue36.json"; }
+logs() {  # the plan, the timeline and every log's tail, in one file
+  { cat "$W/gpus.txt" "$W/timeline.txt" "$W/plan.txt" 2>/dev/null
+    for f in "$W"/*.log "$W"/runs/*/train.log; do [ -f "$f" ] && { echo "== $f"; tail -n "${TAIL:-12}" "$f" | cut -c1-500; }; done
+    [ -f "$W/placement.txt" ] && { echo "== nvidia-smi during env_frames"; cat "$W/placement.txt"; }
+  } > "$OUT/logs.txt" 2>&1
+}
+
+# 1. the learner's bench on GPU 0 beside the reward models' direct calls on GPU 1
+log "bench learner (GPU 0) and reward ceilings (GPU 1)"
+CUDA_VISIBLE_DEVICES=0 timeout 240 rlfarm bench learner device=$DEVICE '~bench.cases.pendulum' 'bench.sizes.fast=[]' \
+  bench.sizes.profile=false bench.sizes.beside=null bench.sizes.batch_size=$BATCH hydra.run.dir="$W/bench_learner" \
+  > "$W/bench_learner.log" 2>&1 &
+bench_learner=$!
+[ -d "$CLIP" ] || python3 -m rlfarm.rewards.clip_factory --shape $CLIP_SHAPE --out "$CLIP" > "$W/clip_factory.log" 2>&1
+log "clip model saved"
+echo "$CASES" | wc -w > "$W/sync/PEERS"
+ceilings=()
+for case in $CASES; do
+  CUDA_VISIBLE_DEVICES=1 TORCHINDUCTOR_COMPILE_THREADS=8 timeout 240 python3 launch/device/ceilings.py $case "$CLIP" $JUDGE "$W/sync" $DEVICE \
+    > "$W/ceiling_$case.json" 2> "$W/ceiling_$case.log" &
+  ceilings+=($!)
+done
+rlfarm plan topology=split_1_1 env=halfcheetah reward=env reward.frame_size=$FRAME "${SIZE[@]}" > "$W/plan.txt" 2>&1
+wait "${ceilings[@]}"; log "ceilings done: $(cat "$W"/ceiling_*.json | cut -c1-120 | tr '\n' ' ')"
+wait $bench_learner; log "bench learner rc=$?"
+collect; logs
+
+# 2. the runs, one after another
+train() {  # name, seconds of acting, seconds its start-up may take at most, overrides...
+  local name=$1 wall=$2 startup=$3; shift 3
+  local limit=$((startup + wall + 40)) left=$((HARD - SECONDS))
+  if (( left < wall + 40 )); then log "$name skipped: ${left} s left"; return; fi
+  (( limit > left )) && limit=$left
+  local sampler=""
+  if has_smi; then
+    nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 \
+      > "$W/gpu_$name.csv" & sampler=$!
+  fi
+  log "$name starts (limit ${limit} s)"
+  timeout $limit rlfarm train topology=split_1_1 env=halfcheetah run.live=false run.checkpoint=false \
+    total_env_steps=100000000 env.num_envs=$NUM_ENVS algo.utd_ratio=$UTD algo.batch_size=$BATCH \
+    labeler.bus_timeout_s=0.2 run.restart_timeout_s=300 run.max_wall_s=$wall reward.frame_size=$FRAME \
+    hydra.run.dir="$W/runs/$name" "${SIZE[@]}" "$@" > "$W/$name.log" 2>&1
+  log "$name rc=$?"
+  [ -n "$sampler" ] && kill $sampler
+  collect; logs
+}
+placement() {  # which processes hold which GPU, once the env-reward run is acting
+  sleep "${PLACEMENT_AT:-45}"; has_smi && nvidia-smi > "$W/placement.txt" 2>&1
+}
+placement & probe=$!
+train env_frames $WALL 60 reward=env topology.roles.env_runner.count=$RUNNERS labeler.bus_items=1024
+kill $probe 2> /dev/null
+train clip_bf16 $WALL 120 reward=clip reward.model="$CLIP" reward.compile=true topology.roles.env_runner.count=$RUNNERS \
+  labeler.bus_items=1024
+if [ "$DEVICE" != cpu ]; then
+  train clip_fp8 $WALL 120 reward=clip reward.model="$CLIP" reward.precision=fp8 topology.roles.env_runner.count=$RUNNERS \
+    labeler.bus_items=1024
+fi
+train judge $JUDGE_WALL 90 reward=vlm_judge reward.model=$JUDGE topology.roles.env_runner.count=$JUDGE_RUNNERS labeler.bus_items=256
+log "done"
+collect; logs
+python3 -c "import json; print(json.dumps(json.load(open('$OUT/issue36.json'))['checks'], indent=1))"
