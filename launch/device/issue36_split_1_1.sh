@@ -19,6 +19,8 @@
 # Usage (device tool, kind nvidia-h200-x2; carry .devpkgs, .gl and .wt_farm2, a copy of this tree with the mujoco,
 # mujoco-core, glfw and pyopengl wheels in .wt_farm2/whl):
 #   source .devpkgs/setup.sh && cd .wt_farm2 && export PYTHONPATH=$PWD:$PYTHONPATH && bash launch/device/issue36_split_1_1.sh
+# RUNS picks runs (default: all four, in that order); each reward run brings its own ceiling, env_frames the learner's
+# bench: e.g. RUNS=judge for a call of the judge alone (~2.5 min on a warm machine).
 # DEVICE=cpu: a dry run of every command at tiny sizes on a CPU machine (GPUs declared to Ray, tiny models).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; W=${WORK:-/tmp/i36}; GL=${GL:-../.gl}; WHL=${WHL:-whl}; DEVICE=${DEVICE:-cuda}
@@ -39,11 +41,13 @@ has_smi() { command -v nvidia-smi > /dev/null; }
 has_smi && nvidia-smi -L > "$W/gpus.txt"; nproc >> "$W/gpus.txt"
 
 if [ "$DEVICE" = cpu ]; then  # tiny everything; Ray told of 2 GPUs so that split_1_1 places
-  CLIP_SHAPE=tiny; JUDGE=tiny_shape; CASES="clip_bf16 judge"; SIZE=(ray.num_gpus=2 ray.num_cpus=8)
+  CLIP_SHAPE=tiny; JUDGE=tiny_shape; RUNS=${RUNS:-env_frames clip_bf16 judge}; SIZE=(ray.num_gpus=2 ray.num_cpus=8)
   FRAME=48
 else
-  CLIP_SHAPE=vit-l-14; CASES="clip_bf16 clip_fp8 judge"; SIZE=(); FRAME=224
+  CLIP_SHAPE=vit-l-14; RUNS=${RUNS:-env_frames clip_bf16 clip_fp8 judge}; SIZE=(); FRAME=224
 fi
+wanted() { [[ " $RUNS " == *" $1 "* ]]; }
+CASES=$(for case in clip_bf16 clip_fp8 judge; do wanted $case && echo $case; done)
 CLIP=/tmp/clip-$CLIP_SHAPE
 collect() { python3 launch/device/collect.py issue36 "$W" > "$OUT/issue36.json.tmp" && mv "$OUT/issue36.json.tmp" "$OUT/issue36.json"; }
 logs() {  # the plan, the timeline and every log's tail, in one file
@@ -55,11 +59,12 @@ logs() {  # the plan, the timeline and every log's tail, in one file
 
 # 1. the learner's bench on GPU 0 beside the reward models' direct calls on GPU 1
 log "bench learner (GPU 0) and reward ceilings (GPU 1)"
-CUDA_VISIBLE_DEVICES=0 timeout 240 rlfarm bench learner device=$DEVICE '~bench.cases.pendulum' 'bench.sizes.fast=[]' \
+wanted env_frames && CUDA_VISIBLE_DEVICES=0 timeout 240 rlfarm bench learner device=$DEVICE '~bench.cases.pendulum' 'bench.sizes.fast=[]' \
   bench.sizes.profile=false bench.sizes.beside=null bench.sizes.batch_size=$BATCH hydra.run.dir="$W/bench_learner" \
   > "$W/bench_learner.log" 2>&1 &
 bench_learner=$!
-[ -d "$CLIP" ] || python3 -m rlfarm.rewards.clip_factory --shape $CLIP_SHAPE --out "$CLIP" > "$W/clip_factory.log" 2>&1
+wanted clip_bf16 || wanted clip_fp8 || CLIP=/nonexistent
+[ -d "$CLIP" ] || [ "$CLIP" = /nonexistent ] || python3 -m rlfarm.rewards.clip_factory --shape $CLIP_SHAPE --out "$CLIP" > "$W/clip_factory.log" 2>&1
 log "clip model saved"
 echo "$CASES" | wc -w > "$W/sync/PEERS"
 ceilings=()
@@ -76,6 +81,7 @@ collect; logs
 # 2. the runs, one after another
 train() {  # name, seconds of acting, seconds its start-up may take at most, overrides...
   local name=$1 wall=$2 startup=$3; shift 3
+  wanted "$name" || return 0
   local limit=$((startup + wall + 40)) left=$((HARD - SECONDS))
   if (( left < wall + 40 )); then log "$name skipped: ${left} s left"; return; fi
   (( limit > left )) && limit=$left
@@ -96,15 +102,13 @@ train() {  # name, seconds of acting, seconds its start-up may take at most, ove
 placement() {  # which processes hold which GPU, once the env-reward run is acting
   sleep "${PLACEMENT_AT:-45}"; has_smi && nvidia-smi > "$W/placement.txt" 2>&1
 }
-placement & probe=$!
+probe=""; wanted env_frames && { placement & probe=$!; }
 train env_frames $WALL 60 reward=env topology.roles.env_runner.count=$RUNNERS labeler.bus_items=1024
-kill $probe 2> /dev/null
+[ -n "$probe" ] && kill $probe 2> /dev/null
 train clip_bf16 $WALL 120 reward=clip reward.model="$CLIP" reward.compile=true topology.roles.env_runner.count=$RUNNERS \
   labeler.bus_items=1024
-if [ "$DEVICE" != cpu ]; then
-  train clip_fp8 $WALL 120 reward=clip reward.model="$CLIP" reward.precision=fp8 topology.roles.env_runner.count=$RUNNERS \
-    labeler.bus_items=1024
-fi
+train clip_fp8 $WALL 120 reward=clip reward.model="$CLIP" reward.precision=fp8 topology.roles.env_runner.count=$RUNNERS \
+  labeler.bus_items=1024
 train judge $JUDGE_WALL 90 reward=vlm_judge reward.model=$JUDGE topology.roles.env_runner.count=$JUDGE_RUNNERS labeler.bus_items=256
 log "done"
 collect; logs
