@@ -59,10 +59,13 @@ logs() {  # the plan, the timeline and every log's tail, in one file
 
 # 1. the learner's bench on GPU 0 beside the reward models' direct calls on GPU 1
 log "bench learner (GPU 0) and reward ceilings (GPU 1)"
-wanted env_frames && CUDA_VISIBLE_DEVICES=0 timeout 240 rlfarm bench learner device=$DEVICE '~bench.cases.pendulum' 'bench.sizes.fast=[]' \
-  bench.sizes.profile=false bench.sizes.beside=null bench.sizes.batch_size=$BATCH hydra.run.dir="$W/bench_learner" \
-  > "$W/bench_learner.log" 2>&1 &
-bench_learner=$!
+bench_learner=""
+if wanted env_frames; then
+  CUDA_VISIBLE_DEVICES=0 timeout 240 rlfarm bench learner device=$DEVICE '~bench.cases.pendulum' 'bench.sizes.fast=[]' \
+    bench.sizes.profile=false bench.sizes.beside=null bench.sizes.batch_size=$BATCH hydra.run.dir="$W/bench_learner" \
+    > "$W/bench_learner.log" 2>&1 &
+  bench_learner=$!
+fi
 wanted clip_bf16 || wanted clip_fp8 || CLIP=/nonexistent
 [ -d "$CLIP" ] || [ "$CLIP" = /nonexistent ] || python3 -m rlfarm.rewards.clip_factory --shape $CLIP_SHAPE --out "$CLIP" > "$W/clip_factory.log" 2>&1
 log "clip model saved"
@@ -75,7 +78,7 @@ for case in $CASES; do
 done
 rlfarm plan topology=split_1_1 env=halfcheetah reward=env reward.frame_size=$FRAME "${SIZE[@]}" > "$W/plan.txt" 2>&1
 wait "${ceilings[@]}"; log "ceilings done: $(cat "$W"/ceiling_*.json | cut -c1-120 | tr '\n' ' ')"
-wait $bench_learner; log "bench learner rc=$?"
+[ -n "$bench_learner" ] && { wait $bench_learner; log "bench learner rc=$?"; }
 collect; logs
 
 # 2. the runs, one after another
