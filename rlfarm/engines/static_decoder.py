@@ -243,6 +243,7 @@ class StaticDecoder:
             holder[source] = None
 
     # -- one decode step -------------------------------------------------------------------------------
+    @torch.no_grad()  # it writes into views of the cache, which autograd forbids outside no_grad
     def _step(self, state: DecodeState, sampling: Sampling) -> None:
         self._sample_fn(state, sampling)
         self._forward_fn(state)
