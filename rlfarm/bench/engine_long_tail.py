@@ -13,10 +13,13 @@ over the wall time of the whole call (prefills included). Both make the same sam
 tokens are equal and the ratio is one of times. `useful_frac` = useful tokens / (decode steps × slots).
 
 Decode step: the fixed batch at `slots` rows, every row to the cap (no lengths), decode ms/step = (time of the
-call − time of a one-token call) / (cap − 1), next to the HBM bound of that step: the bytes a step must read
-(weights, minus the input embedding unless the head shares it, plus the KV cache of every row at the mean context
-P + cap/2) over the card's bandwidth (`HBM_TB_S` by device name, or `hbm_tb_s` in the config).
-`of_hbm_bound` = bound / measured (1.0 = at the bound).
+call − time of a one-token call) / (cap − 1), measured twice in the same run: attending to context buckets
+(`context_step` columns apart: the engine's default) and to the whole allocated row (`decode step bN whole row`,
+its baseline: the engine before them). Beside each, the floors of that step (`rlfarm.bench.engine_roofline`):
+`hbm_bound_ms` (weights + KV cache at the mean context P + cap/2 over the card's bandwidth), `compute_bound_ms`
+(its matrix FLOPs over the card's dense bf16 peak), `roofline_ms` = the larger, `serial_bound_ms` (GEMMs, then
+attention, each at its own limit); `of_hbm_bound` = HBM bound / measured (the issue's target: ≥ 0.6 at 7B, b256)
+and `of_roofline` = roofline / measured (1.0 = no step could be faster).
 """
 from __future__ import annotations
 
@@ -28,38 +31,13 @@ from omegaconf import DictConfig
 
 from rlfarm.bench.common import synchronize
 from rlfarm.bench.engine_profile import profile_decode_step
+from rlfarm.bench.engine_roofline import DENSE_TFLOPS, HBM_TB_S, bounds, card_figure, step_cost
 from rlfarm.engines.hf import HFEngine
 from rlfarm.engines.synthetic_lengths import synthetic_lengths
 
 log = logging.getLogger("rlfarm")
 FIXED, REFILL, STEP = "long-tail fixed batch", "long-tail refill", "decode step"
-# peak HBM bandwidth by device name (TB/s), first match wins: the vendors' datasheet figures
-HBM_TB_S = (("H200", 4.8), ("H100 NVL", 3.9), ("H100 PCIe", 2.0), ("H100", 3.35), ("GH200", 4.0),
-            ("A100-SXM4-80GB", 2.039), ("A100 80GB PCIe", 1.935), ("A100", 1.555), ("L40S", 0.864))
-
-
-def hbm_tb_s(device: str, configured) -> float | None:
-    """The card's bandwidth: the configured value, else the table's entry for this device's name."""
-    if configured is not None:
-        return float(configured)
-    if device != "cuda":
-        return None
-    name = torch.cuda.get_device_name()
-    return next((value for key, value in HBM_TB_S if key in name), None)
-
-
-def step_bytes(model: torch.nn.Module, batch: int, context: float) -> tuple[float, float]:
-    """(weight bytes, KV-cache bytes) one decode step reads at `batch` rows of mean `context` tokens."""
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    embedding = model.get_input_embeddings().weight
-    if embedding is not model.get_output_embeddings().weight:  # untied: a step reads `batch` rows of it, not all
-        weights -= embedding.numel() * embedding.element_size()
-    config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    per_token = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * embedding.element_size()
-    return float(weights), float(batch * context * per_token)
-
-
+WHOLE_ROW = "whole row"
 def timed(work, device: str) -> tuple[float, object]:
     synchronize(device)
     started = time.perf_counter()
@@ -82,6 +60,8 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
     # one engine for every case (one compilation, one cache); its mode is set per case
     engine = HFEngine(model, pad_id=0, device=device, seed=seed, max_batch=slots,
                       stop_check_every=int(cfg.stop_check_every))
+    context_step = cfg.get("context_step")
+    engine._static.context_step = int(context_step) if context_step else None
     rows = []
     for case, refill in ((FIXED, False), (REFILL, True)):
         engine.refill, engine.lengths = refill, lengths
@@ -96,26 +76,41 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
                      "useful_frac": round(useful / (calls.decode_steps * slots), 3)})
         log.info("%s: %.0f useful tok/s (%d decode steps)", case, useful / seconds, calls.decode_steps)
     engine.refill, engine.lengths = False, None  # every row to the cap: the decode step at full batch
-    rows.append(decode_step_row(engine, model, cfg, device, ids[:slots]))
+    step, buckets_on = f"{STEP} b{slots}", engine._static.context_step
+    for case, context_step in ((step, buckets_on), (f"{step} {WHOLE_ROW}", None)):
+        engine._static.context_step = context_step
+        rows.append(decode_step_row(engine, model, cfg, device, ids[:slots], case))
+    rows[-2] |= {"baseline": rows[-1]["case"], "speedup": round(rows[-1]["value"] / rows[-2]["value"], 3)}
+    engine._static.context_step = buckets_on
     if profile_steps:
-        rows[-1] |= profile_decode_step(engine, slots, prompt_len, cap, device, profile_steps)
+        rows[-2] |= profile_decode_step(engine, slots, prompt_len, cap, device, profile_steps)
     return rows
 
 
 def decode_step_row(engine: HFEngine, model: torch.nn.Module, cfg: DictConfig, device: str,
-                    ids: list[list[int]]) -> dict:
+                    ids: list[list[int]], case: str) -> dict:
     slots, prompt_len, cap = len(ids), int(cfg.prompt_len), int(cfg.cap)
     engine.prepare(slots, 1, prompt_len, cap)
     engine.prepare(slots, 1, prompt_len, 1)
+    engine.generate(ids, 1, min(cap, 64))  # untimed: the first call of a path pays cuBLAS' and the allocator's set-up
     full, _ = timed(lambda: engine.generate(ids, 1, cap), device)
+    attended = engine.last_call.mean_context
     one, _ = timed(lambda: engine.generate(ids, 1, 1), device)
     step_ms = 1e3 * (full - one) / max(cap - 1, 1)
-    weights, kv = step_bytes(model, slots, prompt_len + cap / 2)
-    row = {"case": f"{STEP} b{slots}", "value": round(step_ms, 3), "unit": "ms/step", "baseline": None,
-           "prompt_len": prompt_len, "cap": cap, "weights_gb": round(weights / 1e9, 2), "kv_gb": round(kv / 1e9, 2)}
-    bandwidth = hbm_tb_s(device, cfg.get("hbm_tb_s"))
-    if bandwidth:
-        bound_ms = 1e3 * (weights + kv) / (bandwidth * 1e12)
-        row |= {"hbm_tb_s": bandwidth, "hbm_bound_ms": round(bound_ms, 3), "of_hbm_bound": round(bound_ms / step_ms, 3)}
-    log.info("%s: %.2f ms/step (HBM bound %s ms)", row["case"], step_ms, row.get("hbm_bound_ms"))
+    cost = step_cost(model, slots, prompt_len + cap / 2)
+    tb_s = card_figure(HBM_TB_S, device, cfg.get("hbm_tb_s"))
+    tflops = card_figure(DENSE_TFLOPS, device, cfg.get("peak_tflops"))
+    row = {"case": case, "value": round(step_ms, 3), "unit": "ms/step", "baseline": None, "prompt_len": prompt_len,
+           "cap": cap, "attended_columns": round(attended, 1), "weights_gb": round(cost["weight_bytes"] / 1e9, 2),
+           "kv_gb": round(cost["kv_bytes"] / 1e9, 2),
+           "tflop": round((cost["gemm_flops"] + cost["attention_flops"]) / 1e12, 3), "hbm_tb_s": tb_s,
+           "peak_tflops": tflops}
+    floors = bounds(cost, tb_s, tflops)
+    row |= {name: round(ms, 3) for name, ms in floors.items()}
+    if "hbm_bound_ms" in floors:
+        row["of_hbm_bound"] = round(floors["hbm_bound_ms"] / step_ms, 3)
+    if "roofline_ms" in floors:
+        row["of_roofline"] = round(floors["roofline_ms"] / step_ms, 3)
+    log.info("%s: %.2f ms/step (HBM bound %s ms, roofline %s ms)", case, step_ms, row.get("hbm_bound_ms"),
+             row.get("roofline_ms"))
     return row

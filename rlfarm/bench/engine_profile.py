@@ -2,7 +2,8 @@
 
 The step profiled is the one the engine runs — on CUDA the replay of its captured graph (torch.compile's fused
 kernels and cuBLAS' GEMMs inside), on CPU the eager step — replayed `steps` times under torch.profiler on the
-cache of the decode-step row (all slots, the cap's cache length), nothing else in the window: no prefill, no
+cache of the decode-step row (all slots, the cap's cache length) at the context bucket of the mean context
+P + cap/2 (the engine's `context_step`; None: the whole row), nothing else in the window: no prefill, no
 host-side scheduling. Written to <run dir>/decode_profile.txt: the kernels by time per step, their share of the
 step and launches per step, then torch.profiler's own table.
 """
@@ -15,6 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from rlfarm.bench.common import synchronize
 from rlfarm.engines import static_decoder
+from rlfarm.engines.buckets import contexts
 from rlfarm.engines.hf import HFEngine
 
 TOP = 30
@@ -33,8 +35,10 @@ def run_dir() -> Path:
 def profile_decode_step(engine: HFEngine, slots: int, prompt_len: int, cap: int, device: str, steps: int) -> dict:
     """Profile `steps` decode steps at `slots` rows; returns {"profile": path, "top_kernel": name, "top_share"}."""
     sampling = static_decoder.Sampling(1.0, 1.0, ())
-    _, _, steppers = engine._static.prepare(slots, prompt_len, cap, sampling, max_batch=slots, refill=False)
-    step = steppers[slots]
+    state, _, steppers = engine._static.prepare(slots, prompt_len, cap, sampling, max_batch=slots, refill=False)
+    windows = contexts(state.cache_len, prompt_len, engine._static.context_step)
+    context = next(window for window in windows if window >= prompt_len + cap / 2)
+    step = steppers[slots, context]
     for _ in range(3):
         step()
     synchronize(device)
@@ -50,7 +54,8 @@ def profile_decode_step(engine: HFEngine, slots: int, prompt_len: int, cap: int,
     timed = sorted((event for event in kernels if getattr(event, timing, 0) > 0),
                    key=lambda event: getattr(event, timing), reverse=True)
     total_us = sum(getattr(event, timing) for event in timed)
-    lines = [f"decode step profile: {slots} rows, cache of {prompt_len} + {cap} tokens, {steps} steps, {device}",
+    lines = [f"decode step profile: {slots} rows, cache of {prompt_len} + {cap} tokens, attending to {context} "
+             f"columns, {steps} steps, {device}",
              f"time per step (sum of {'kernel' if device == 'cuda' else 'operator self'} times): "
              f"{total_us / steps / 1e3:.3f} ms", "",
              f"{'ms/step':>9} {'share':>6} {'calls/step':>10}  name"]

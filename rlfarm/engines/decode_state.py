@@ -6,6 +6,8 @@ row, P = the call's padded prompt length) to its end, then the next queued sampl
 counter (cache column, position, token index) is a tensor of its own, so slots at different points of their
 samples decode in one step. The batch may run on a prefix of the slots (an active-batch bucket, `view`): the
 prefix of a slot-major tensor is a view of the same memory, so each bucket's graph reads and writes the one cache.
+A view may also cut the cache to its first `context` columns (a context bucket): a step then attends only to the
+columns written so far, rounded up, instead of the whole allocated row.
 """
 from __future__ import annotations
 
@@ -18,15 +20,18 @@ from rlfarm.engines.noise import column_keys
 # fields with a slot (batch) dimension first: what a bucket view slices and what moving a sample copies
 PER_SLOT = ("keys", "values", "key_valid", "logits", "logits_version", "next_input", "position", "column", "step",
             "limit", "forced_at", "sample_id", "finished", "tokens", "logprobs", "generated", "versions")
+# fields with a cache column as their second-to-last (keys, values) or last (key_valid) dimension: what a context
+# bucket cuts
+CACHE_COLUMNS = ("keys", "values", "key_valid")
 
 
 @dataclass
 class DecodeState:
-    keys: list[torch.Tensor]          # per layer [B, kv_heads, S, D]; column c of a row holds its token at column c
+    keys: list[torch.Tensor]          # per layer [B, kv_heads, S + 1, D]; column c holds the row's token at column c
     values: list[torch.Tensor]
     cos: torch.Tensor                 # [S, D] rotary table by position
     sin: torch.Tensor
-    key_valid: torch.Tensor           # [B, S] bool: columns a query may attend to
+    key_valid: torch.Tensor           # [B, S + 1] bool: columns a query may attend to
     logits: torch.Tensor              # [B, V] the logits the next token is sampled from
     logits_version: torch.Tensor      # [B] the weight version that computed them (partial rollouts)
     next_input: torch.Tensor          # [B] the token fed at the next forward
@@ -44,8 +49,9 @@ class DecodeState:
     logprobs: torch.Tensor            # [B, S] float32
     generated: torch.Tensor           # [B, S] bool: the token was generated before the sample ended
     versions: torch.Tensor            # [B, S] the weight version each token was sampled under (`logits_version`)
-    graphs: dict = field(default_factory=dict)  # (bucket, Sampling) → torch.cuda.CUDAGraph
-    views: dict = field(default_factory=dict)   # bucket → DecodeState over the first `bucket` slots
+    graphs: dict = field(default_factory=dict)  # (bucket, context, Sampling) → torch.cuda.CUDAGraph
+    views: dict = field(default_factory=dict)   # (bucket, context) → DecodeState over the first `bucket` slots
+    graph_pool: tuple | None = None  # the memory pool all its graphs share (one replays at a time)
 
     @property
     def slots(self) -> int:
@@ -53,17 +59,19 @@ class DecodeState:
 
     @property
     def cache_len(self) -> int:
-        return self.key_valid.shape[1]
+        return self.tokens.shape[1]
 
-    def view(self, bucket: int) -> DecodeState:
-        """This state's first `bucket` slots (views of the same memory), made once per bucket so that a graph
-        captured on it and the eager path see the same tensor objects."""
-        if bucket == self.slots:
-            return self
-        if bucket not in self.views:
+    def view(self, bucket: int, context: int | None = None) -> DecodeState:
+        """This state's first `bucket` slots and first `context` cache columns (None: all; views of the same
+        memory), made once per (bucket, context) so that a graph captured on it and the eager path see the same
+        tensor objects. The whole state's view too: compiled steps see views alone (a view's guards ask for its
+        base, which the allocated tensors lack: one compilation serves every bucket only if all are views)."""
+        key = (bucket, context or self.cache_len)
+        if key not in self.views:
             cut = {name: _prefix(getattr(self, name), bucket) for name in PER_SLOT}
-            self.views[bucket] = replace(self, **cut, graphs={}, views={})
-        return self.views[bucket]
+            cut |= {name: _columns(cut[name], key[1]) for name in CACHE_COLUMNS}
+            self.views[key] = replace(self, **cut, graphs={}, views={})
+        return self.views[key]
 
     def move(self, source: list[int], target: list[int]) -> None:
         """Move the samples of slots `source` to the empty slots `target` (a batch shrinking to a bucket)."""
@@ -79,23 +87,31 @@ def _prefix(value, bucket: int):
     return [t[:bucket] for t in value] if isinstance(value, list) else value[:bucket]
 
 
+def _columns(value, context: int):
+    if isinstance(value, list):  # keys, values: [B, kv_heads, S, D]
+        return [t[:, :, :context] for t in value]
+    return value[:, :context]  # key_valid: [B, S]
+
+
 def _as_list(value) -> list[torch.Tensor]:
     return value if isinstance(value, list) else [value]
 
 
 def allocate(slots: int, cache_len: int, layers: int, kv_heads: int, head_dim: int, vocab: int,
              cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, device: torch.device) -> DecodeState:
-    """A fresh state: every slot empty (finished)."""
+    """A fresh state: every slot empty (finished). The cache holds one column more than any view shows, so every
+    view a step runs on is a strided slice of it: one torch.compile compilation serves every bucket (a view as
+    long as its base would be contiguous, which its guards tell apart)."""
     def zeros(*shape, kind=dtype):
         return torch.zeros(*shape, dtype=kind, device=device)
 
-    cache = (slots, kv_heads, cache_len, head_dim)
+    cache = (slots, kv_heads, cache_len + 1, head_dim)
     counters = {name: zeros(slots, kind=torch.long) for name in
                 ("logits_version", "next_input", "position", "column", "step", "limit", "forced_at",
                  "sample_id")}
     return DecodeState(
         keys=[zeros(*cache) for _ in range(layers)], values=[zeros(*cache) for _ in range(layers)], cos=cos,
-        sin=sin, key_valid=zeros(slots, cache_len, kind=torch.bool), logits=zeros(slots, vocab), **counters,
+        sin=sin, key_valid=zeros(slots, cache_len + 1, kind=torch.bool), logits=zeros(slots, vocab), **counters,
         seed=zeros((), kind=torch.long), version=zeros((), kind=torch.long), column_keys=column_keys(vocab, device),
         finished=torch.ones(slots, dtype=torch.bool, device=device),
         tokens=zeros(slots, cache_len, kind=torch.long), logprobs=zeros(slots, cache_len, kind=torch.float32),

@@ -3,7 +3,8 @@ decoding loop of our own (not `model.generate`), so the log-probability of each 
 from the very logits it was sampled from (see `rlfarm.data` for the convention).
 
 Llama-family models (llama, qwen2, qwen3) decode through `StaticDecoder`: a slot-major KV cache, continuous
-refill of finished rows (`max_batch` slots), and on CUDA one CUDA graph per decode step and active-batch bucket.
+refill of finished rows (`max_batch` slots), attention over the columns written so far (context buckets), and on
+CUDA one CUDA graph per decode step, active-batch bucket and context bucket.
 Any other causal LM decodes through its own forward with a `DynamicCache` (slower, same results; every sample
 in one batch, no refill). Sampling (`rlfarm.engines.sampling`) needs no host sync and its noise is keyed per
 sample and token (`rlfarm.engines.noise`): one seed per call, drawn from the engine's generator; end of sequence

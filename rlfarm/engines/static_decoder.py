@@ -16,6 +16,11 @@ on, until the call's samples are all done. Once the queue is empty the batch shr
 slots, then powers of two down to MIN_BUCKET): the rows still running move to the lowest slots and the step
 runs on that prefix. Without `refill` the slots decode in waves, each to
 its longest sample (finished rows keep decoding): the fixed batch, kept as the baseline.
+Context buckets. Attention reads the cache only up to a context bucket (a multiple of `context_step` columns)
+that holds every column the running rows write before the next check: the furthest row decides, since rows
+refilled at different times sit at different columns. Each (batch bucket, context bucket) has its graph, all
+sharing one memory pool. Without them (`context_step=None`, the bench's baseline) every step reads the whole
+allocated row, P + cap columns, where the mean written context is P + cap/2.
 The cache is slot-major and fixed (slots × cache length, rounded up to CACHE_ROUNDING tokens), not paged: RL
 calls share one cap, so a slot never needs more than its row; the bucket views and the graphs need tensors
 that do not move; a paged cache would buy memory for mixed lengths at the price of an indirection in every
@@ -36,6 +41,7 @@ from torch import nn
 
 from rlfarm.engines import decode_state
 from rlfarm.engines.base import hits_stop
+from rlfarm.engines.buckets import CACHE_ROUNDING, CONTEXT_STEP, buckets, contexts
 from rlfarm.engines.decode_state import DecodeState
 from rlfarm.engines.llama_attention import attend_cache, project, repeat_kv
 from rlfarm.engines.noise import race_noise
@@ -44,8 +50,6 @@ from rlfarm.engines.synthetic_lengths import SyntheticLengths
 from rlfarm.models.lm import position_ids_from_mask
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-CACHE_ROUNDING = 64
-MIN_BUCKET = 16
 
 
 def base_model(model: nn.Module) -> nn.Module:
@@ -64,15 +68,6 @@ def supports(model: nn.Module) -> bool:
     return all(getattr(layer.self_attn, "sliding_window", None) is None for layer in decoder.layers)
 
 
-def buckets(slots: int) -> list[int]:
-    """Active-batch sizes a refilling call runs at, largest first: the slots, then powers of two below."""
-    sizes, size = [slots], MIN_BUCKET
-    while size < slots:
-        sizes.append(size)
-        size *= 2
-    return sorted(set(sizes), reverse=True)
-
-
 @dataclass(frozen=True)
 class Sampling:
     temperature: float
@@ -83,12 +78,13 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Calls:
-    """What one `generate` call did: decode steps run, prefill calls, the slots it ran on, and the smallest
-    active-batch bucket it stepped."""
+    """What one `generate` call did: decode steps run, prefill calls, the slots it ran on, the smallest
+    active-batch bucket it stepped, and the cache columns its steps attended to, on average."""
     decode_steps: int
     prefills: int
     slots: int
     smallest_bucket: int
+    mean_context: float
 
 
 class StaticDecoder:
@@ -96,7 +92,7 @@ class StaticDecoder:
     on CPU."""
 
     def __init__(self, model: nn.Module, pad_id: int, cuda_graphs: bool = True, compile: bool = False,
-                 max_cached_shapes: int = 3):
+                 max_cached_shapes: int = 3, context_step: int | None = CONTEXT_STEP):
         if not supports(model):
             raise ValueError(f"StaticDecoder runs {SUPPORTED_MODEL_TYPES} models with full attention")
         self.model, self.pad_id = model, pad_id
@@ -109,6 +105,7 @@ class StaticDecoder:
         self.groups = config.num_attention_heads // config.num_key_value_heads
         self.scaling = attention.scaling
         self.cuda_graphs, self.max_cached_shapes = cuda_graphs, max_cached_shapes
+        self.context_step = context_step  # columns between context buckets (None: attend to the whole row)
         self.states: OrderedDict[tuple[int, int], DecodeState] = OrderedDict()
         self.last_call: Calls | None = None
         # compile fuses the many small kernels of a step (norms, rotary, noise, sampling) before graph capture;
@@ -143,6 +140,7 @@ class StaticDecoder:
         samples = prompts * n
         state, sizes, steps = self.prepare(samples, prompt_len, max_new_tokens, sampling, max_batch, refill,
                                            ragged=bool(sampling.stop_ids) or lengths is not None)
+        windows = contexts(state.cache_len, prompt_len, self.context_step)
         slots = state.slots
         state.seed.fill_(seed)
         state.version.fill_(weights())
@@ -159,7 +157,7 @@ class StaticDecoder:
                torch.zeros(samples, max_new_tokens, dtype=torch.long, device=self.device))
         holder: list[int | None] = [None] * slots  # slot → the sample it holds
         started = [0] * slots                     # slot → decode steps run when its sample started
-        queue, decoded, prefills, smallest = 0, 0, 0, slots
+        queue, decoded, prefills, smallest, attended = 0, 0, 0, slots, 0
 
         def fill(free: list[int]) -> None:
             nonlocal queue, prefills
@@ -181,12 +179,16 @@ class StaticDecoder:
             # a check every stop_check_every steps, sooner when every row reaches its limit before that
             longest = max(limit_of[holder[s]] - (decoded - started[s]) for s in active)
             block = max(1, min(stop_check_every, longest))
+            # a row's column is at most P + its steps so far; the block writes `block` more
+            furthest = prompt_len + max(decoded - started[s] for s in active) + block
+            context = next(window for window in windows if window >= furthest)
             for i in range(block):
                 if i == longest - 1:  # every row samples its last token: no forward needed after it
                     self._sample_fn(state.view(size), sampling)
                 else:
-                    steps[size]()
+                    steps[size, context]()
             decoded += block
+            attended += block * context
             done = state.finished[:size].tolist()
             ended = [s for s in active if done[s]] if refill else (active if all(done[s] for s in active) else [])
             if ended:
@@ -198,7 +200,7 @@ class StaticDecoder:
                 fill([slot for slot in range(slots) if holder[slot] is None])
             if refill and queue == samples:
                 self._shrink(state, holder, started, sizes)
-        self.last_call = Calls(decoded, prefills, slots, smallest)
+        self.last_call = Calls(decoded, prefills, slots, smallest, attended / max(decoded, 1))
         width = max(int(out[2].sum(dim=1).max()), 1)
         return tuple(tensor[:, :width] for tensor in out)
 
@@ -208,11 +210,14 @@ class StaticDecoder:
         """The state of a call of this shape and the step of each of its buckets: on CUDA their graphs are
         captured here (compiling first, when compile is on), before any slot is filled — call it ahead to keep
         capture out of a timed or latency-bound call. ragged: samples may end at different steps (an end token
-        or synthetic lengths); else they end together and one bucket serves. Returns (state, buckets, steps)."""
+        or synthetic lengths); else they end together and one bucket serves. Returns (state, buckets, steps), steps
+        keyed by (batch bucket, context bucket)."""
         slots = min(max_batch or samples, samples)
         state = self._state(slots, prompt_len + max_new_tokens)
         sizes = buckets(slots) if refill and ragged else [slots]
-        return state, sizes, {size: self._stepper(state.view(size), sampling) for size in sizes}
+        windows = contexts(state.cache_len, prompt_len, self.context_step)
+        return state, sizes, {(size, context): self._stepper(state, size, context, sampling)
+                              for size in sizes for context in windows}
 
     def _harvest(self, state: DecodeState, out, slots: list[int], samples: list[int], width: int) -> None:
         """Copy the ended samples of `slots` into the call's output rows `samples`."""
@@ -238,6 +243,7 @@ class StaticDecoder:
             holder[source] = None
 
     # -- one decode step -------------------------------------------------------------------------------
+    @torch.no_grad()  # it writes into views of the cache, which autograd forbids outside no_grad
     def _step(self, state: DecodeState, sampling: Sampling) -> None:
         self._sample_fn(state, sampling)
         self._forward_fn(state)
@@ -264,8 +270,12 @@ class StaticDecoder:
         state.finished.logical_or_(ends)
 
     def _forward_next(self, state: DecodeState) -> None:
-        """Feed `next_input` at `position`, its key/value into cache `column`; logits of what follows."""
+        """Feed `next_input` at `position`, its key/value into cache `column`; logits of what follows. The state may
+        be a context bucket's view: a running row's column lies inside it; an ended or empty row's is clamped
+        into it (its writes land in its own row, which its next sample's prefill resets)."""
         batch, last = state.column.shape[0], state.key_valid.shape[1] - 1
+        state.position.clamp_(max=last)
+        state.column.clamp_(max=last)
         state.key_valid.scatter_(1, state.column.unsqueeze(1), True)
         visible = state.key_valid[:, None, None, :]  # [B, 1, 1, S]
         cos, sin = state.cos[state.position].unsqueeze(1), state.sin[state.position].unsqueeze(1)  # [B, 1, D]
@@ -283,9 +293,8 @@ class StaticDecoder:
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         state.logits.copy_(self.base.lm_head(self.base.model.norm(hidden))[:, -1])
         state.logits_version.copy_(state.version.expand(batch))
-        # an ended row keeps stepping (its output is not read): its counters stay inside the cache
-        state.position.add_(1).clamp_(max=last)
-        state.column.add_(1).clamp_(max=last)
+        state.position.add_(1)  # an ended row keeps stepping (its output is not read); clamped at the next step
+        state.column.add_(1)
 
     # -- a sample takes a slot ------------------------------------------------------------------------
     def _prefill(self, state: DecodeState, prompt: torch.Tensor, prompt_mask: torch.Tensor, n: int,
@@ -351,14 +360,16 @@ class StaticDecoder:
         return state
 
     # -- CUDA graphs ----------------------------------------------------------------------------------
-    def _stepper(self, state: DecodeState, sampling: Sampling):
-        """The step of this (bucket) state: its graph's replay on CUDA (captured once), else the eager step."""
+    def _stepper(self, root: DecodeState, size: int, context: int, sampling: Sampling):
+        """The step of `root`'s view at (batch bucket, context bucket): its graph's replay on CUDA (captured
+        once, into the pool all of `root`'s graphs share), else the eager step."""
+        state = root.view(size, context)
         if self.compiled:
             decode_state.mark_dynamic(state)
         if not (self.cuda_graphs and self.device.type == "cuda"):
             return lambda: self._step(state, sampling)
-        key = (state.slots, sampling)
-        if key not in state.graphs:
+        key = (size, context, sampling)
+        if key not in root.graphs:
             # warm up on a side stream first (compiles, and lets cuBLAS and the allocator settle); the state's
             # contents are garbage afterwards, which is why every bucket is captured before a call fills a slot
             side = torch.cuda.Stream(self.device)
@@ -367,8 +378,11 @@ class StaticDecoder:
                 for _ in range(2):
                     self._step(state, sampling)
             torch.cuda.current_stream(self.device).wait_stream(side)
+            if root.graph_pool is None:
+                root.graph_pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            # one pool for all: a step's temporaries do not outlive its replay, and steps replay one at a time
+            with torch.cuda.graph(graph, pool=root.graph_pool, capture_error_mode="thread_local"):
                 self._step(state, sampling)
-            state.graphs[key] = graph
-        return state.graphs[key].replay
+            root.graphs[key] = graph
+        return root.graphs[key].replay

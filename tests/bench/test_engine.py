@@ -18,7 +18,7 @@ def test_bench_engine_on_cpu_writes_each_batch_next_to_hf_generate_and_the_long_
     rows = {row["case"]: row for row in result["rows"]}
     assert result["bench"] == "engine" and result["device_name"].startswith("cpu")
     assert set(rows) == {"hf generate b2", "rlfarm engine b2", "hf generate b8", "rlfarm engine b8",
-                         "long-tail fixed batch", "long-tail refill", "decode step b4"}
+                         "long-tail fixed batch", "long-tail refill", "decode step b4", "decode step b4 whole row"}
     for batch in (2, 8):
         ours = rows[f"rlfarm engine b{batch}"]
         assert ours["baseline"] == f"hf generate b{batch}" and ours["unit"] == "tok/s"
@@ -30,8 +30,12 @@ def test_bench_engine_on_cpu_writes_each_batch_next_to_hf_generate_and_the_long_
     assert refill["useful_tokens"] == fixed["useful_tokens"] < fixed["prompts"] * fixed["cap"]
     assert refill["decode_steps"] < fixed["decode_steps"] and refill["useful_frac"] > fixed["useful_frac"]
     assert "synthetic (speed run)" in refill["lengths"]
-    step = rows["decode step b4"]
+    step, whole = rows["decode step b4"], rows["decode step b4 whole row"]
     assert step["unit"] == "ms/step" and step["value"] > 0 and step["hbm_tb_s"] == 0.05
-    assert step["of_hbm_bound"] == pytest.approx(step["hbm_bound_ms"] / step["value"], rel=0.01, abs=1e-3)
+    assert step["baseline"] == "decode step b4 whole row" and step["attended_columns"] < whole["attended_columns"]
+    for row in (step, whole):
+        assert row["of_hbm_bound"] == pytest.approx(row["hbm_bound_ms"] / row["value"], rel=0.01, abs=1e-3)
+        assert row["roofline_ms"] == max(row["hbm_bound_ms"], row["compute_bound_ms"]) <= row["serial_bound_ms"]
+        assert row["of_roofline"] == pytest.approx(row["roofline_ms"] / row["value"], rel=0.01, abs=1e-3)
     profile = (tmp_path / "run" / "decode_profile.txt").read_text()
     assert step["profile"].endswith("decode_profile.txt") and "aten::mm" in profile

@@ -58,6 +58,21 @@ def test_long_answers_end_in_fewer_decode_steps_under_refill_with_the_same_sampl
     assert refill.last_call.decode_steps < 0.8 * waves.last_call.decode_steps
 
 
+def test_context_buckets_give_the_whole_row_samples_reading_fewer_columns():
+    # refilled rows sit at different columns: each block attends up to the furthest one's bucket, never less
+    task = DigitTask("copy_var", num_digits=12, seed=0)
+    prompts = task.sample(12).prompt_ids
+    model = tiny_model(seed=1)
+    whole = HFEngine(copy.deepcopy(model), pad_id=PAD, seed=4, max_batch=8)
+    cut = HFEngine(copy.deepcopy(model), pad_id=PAD, seed=4, max_batch=8)
+    whole._static.context_step, cut._static.context_step = None, 4
+    a = whole.generate(prompts, n=2, max_new_tokens=40, temperature=1.0, eos_id=EOS)
+    b = cut.generate(prompts, n=2, max_new_tokens=40, temperature=1.0, eos_id=EOS)
+    assert_same_samples(a, b)
+    assert cut.last_call.decode_steps == whole.last_call.decode_steps and cut.last_call.prefills > 1
+    assert cut.last_call.mean_context < 0.7 * whole.last_call.mean_context
+
+
 def test_a_shrinking_batch_moves_rows_to_smaller_buckets_and_keeps_the_samples():
     assert buckets(40) == [40, 32, 16] and buckets(16) == [16] and buckets(5) == [5]
     model = tiny_model(seed=2, vocab_size=40)
