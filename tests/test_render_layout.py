@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from rlfarm.commands.plan import Probe, render_column
+from helpers import placement_probe
+from rlfarm.commands.plan import render_column
 from rlfarm.config import compose
 from rlfarm.envs.rendering import spread_rendering
 from rlfarm.families import OFFPOLICY
@@ -47,7 +48,7 @@ def test_the_learner_probe_finds_the_gpu_the_learner_gets_and_plan_shows_runners
     try:
         probed = learner_gpu_ids(placed, timeout_s=60)
         assert len(probed) == 1
-        learner = ray.remote(Probe).options(**placed.options(plan.of("learner")[0])).remote()
+        learner = ray.remote(placement_probe()).options(**placed.options(plan.of("learner")[0])).remote()
         assert {int(gpu) for gpu in ray.get(learner.where.remote())["gpu_ids"]} == probed
     finally:
         placed.remove()

@@ -3,7 +3,8 @@ import pytest
 
 from rlfarm.config import compose
 from rlfarm.errors import TopologyError
-from rlfarm.commands.plan import Probe
+from helpers import placement_probe
+from rlfarm.commands.plan import placements_with_gpu_ids
 from rlfarm.families import OFFPOLICY
 from rlfarm.topology import PlacedTopology, check_cluster, plan_topology
 
@@ -57,14 +58,14 @@ def test_impossible_topologies_fail_with_one_line(change, message):
 
 
 def test_placement_with_declared_gpus(ray_cpu):
-    """Labelers land on the reward pool's GPUs, the learner on the train pool's, never shared."""
+    """Labelers land on the reward pool's GPUs, the learner on the train pool's, never shared (as `rlfarm plan`
+    reads them: a probe task per placement); an actor placed as a labeler holds the GPU its probe saw."""
     ray = ray_cpu
     plan = plan_topology(topology("split_1_3"), OFFPOLICY)
     placed = PlacedTopology(plan, ready_timeout_s=30)
     try:
-        actors = {(p.role, p.index): ray.remote(Probe).options(**placed.options(p)).remote() for p in plan.placements}
-        where = ray.get([a.where.remote() for a in actors.values()])
-        ids = dict(zip(actors, ([int(g) for g in w["gpu_ids"]] for w in where)))
+        ids = {(row["role"], row["index"]): [int(g) for g in row["gpu_ids"]]
+               for row in placements_with_gpu_ids(plan, placed)}
         learner_gpus = set(ids[("learner", 0)])
         labeler_gpus = [tuple(ids[("labeler", i)]) for i in range(6)]
         assert len(learner_gpus) == 1
@@ -73,8 +74,9 @@ def test_placement_with_declared_gpus(ray_cpu):
         # two labelers per reward GPU, in bundle order
         assert labeler_gpus[0] == labeler_gpus[1] and labeler_gpus[2] == labeler_gpus[3] and labeler_gpus[4] == labeler_gpus[5]
         assert all(ids[("env_runner", i)] == [] for i in range(8))
-        for a in actors.values():
-            ray.kill(a)
+        labeler = ray.remote(placement_probe()).options(**placed.options(plan.of("labeler")[5])).remote()
+        assert [int(g) for g in ray.get(labeler.where.remote())["gpu_ids"]] == ids[("labeler", 5)]
+        ray.kill(labeler)
     finally:
         placed.remove()
 
@@ -121,7 +123,7 @@ def test_a_two_gpu_learner_is_placed_on_two_gpus(ray_cpu):
     placed = PlacedTopology(plan, ready_timeout_s=30)
     try:
         learner = plan.of("learner")[0]
-        probe = ray.remote(Probe).options(**placed.options(learner)).remote()
+        probe = ray.remote(placement_probe()).options(**placed.options(learner)).remote()
         assert len(ray.get(probe.where.remote())["gpu_ids"]) == 2
         ray.kill(probe)
     finally:
