@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY_SAC, rlfarm, shared_ray_address, stop_shared_ray
+from helpers import TINY_SAC, on_shared_ray, rlfarm, shared_ray_address, stop_shared_ray
 
 # Tests start their own Ray; keep it local, quiet and without a dashboard.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -111,7 +111,9 @@ TINY_SWEEP = ["total_env_steps=400", *TINY_SAC, "run.live=false", "logger=none",
 
 
 def _train_sweep(root):
-    args = ["train", "-m", "seed=1,2", f"hydra.sweep.dir={root}", "hydra.sweep.subdir=${hydra.job.num}", *TINY_SWEEP]
+    # both jobs join this worker's shared cluster (helpers.on_shared_ray): two private Ray starts saved
+    args = ["train", "-m", "seed=1,2", f"hydra.sweep.dir={root}", "hydra.sweep.subdir=${hydra.job.num}",
+            *on_shared_ray(TINY_SWEEP)]
     out = rlfarm(*args, cwd=root)
     if out.returncode != 0 and "timed out during startup" in out.stderr:
         # Ray's raylet/GCS can miss its start-up deadline on a CI box whose 2 cores are busy: one more try.
