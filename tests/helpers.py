@@ -40,10 +40,9 @@ def rlfarm(*args, cwd=None, timeout=600, columns=None):
 # One real Ray cluster per test process (each xdist worker), started on first use and stopped when the session
 # ends (conftest.py): `train` and `start_train` runs join it (ray.address=...) rather than each starting a private
 # one, whose start-up (GCS, raylet, dashboard API server, agents, monitors, prestarted workers) costs ~8 CPU-s, a
-# sixth of a small run's CPU on the 2-core CI machine. A run's ray.num_cpus/num_gpus (what its private cluster would
-# declare) are left out where the shared cluster declares as many; a run that names its cluster, declares more, sets
-# any other ray.* key or a launcher (its jobs run elsewhere) keeps a private cluster, as does every run with
-# RLFARM_TEST_PRIVATE_RAY=1. Placement is still checked against what the shared cluster declares.
+# sixth of a small run's CPU on the 2-core CI machine. A run that declares its own resources or cluster (any ray.*
+# override), or sets a launcher (its jobs run elsewhere), keeps a private cluster, as does every run with
+# RLFARM_TEST_PRIVATE_RAY=1. The cluster declares more than any such run asks for: placement is still checked.
 SHARED_RAY_CPUS, SHARED_RAY_GPUS = 16, 4
 _shared_ray: RayNodes | None = None
 
@@ -79,29 +78,12 @@ def stop_shared_ray() -> None:
         _shared_ray = None
 
 
-def _shared_ray_covers(override: str) -> bool:
-    """Whether a ray.* override only declares resources the shared cluster has (SHARED_RAY_CPUS/GPUS)."""
-    key, _, value = override.partition("=")
-    declared = {"ray.num_cpus": SHARED_RAY_CPUS, "ray.num_gpus": SHARED_RAY_GPUS}
-    try:
-        return key in declared and float(value) <= declared[key]
-    except ValueError:  # a bad value is the run's to refuse, on a private cluster as a user's run would be
-        return False
-
-
 def on_shared_ray(overrides) -> list[str]:
-    """`overrides` on the shared cluster: ray.address added, and ray.num_cpus / ray.num_gpus (what a private
-    cluster would declare) left out where the shared one declares at least as many. Unchanged for a run that
-    names its cluster, declares more, sets a launcher or resumes (a resume keeps the cluster its run saved)."""
-    overrides = [str(o) for o in overrides]
-    if not all(_shared_ray_covers(o) for o in overrides if o.startswith("ray.")):
-        return overrides
-    if any(o.startswith(("hydra/launcher=", "resume=")) for o in overrides):
-        return overrides
+    """`overrides` with ray.address of the shared cluster added, for a run that does not pick its own."""
+    if any(o.startswith(("ray.", "hydra/launcher=", "resume=")) for o in overrides):
+        return list(overrides)
     address = shared_ray_address()
-    if not address:
-        return overrides
-    return [*(o for o in overrides if not o.startswith("ray.")), f"ray.address={address}"]
+    return [*overrides, f"ray.address={address}"] if address else list(overrides)
 
 
 def train(run_dir, *overrides, timeout=600):
@@ -122,17 +104,6 @@ def start_train(run_dir, *overrides):
     """`rlfarm train` into `run_dir` in the background (start_rlfarm), without the live view, on the shared
     cluster (`on_shared_ray`)."""
     return start_rlfarm("train", f"hydra.run.dir={run_dir}", "run.live=false", *on_shared_ray(overrides))
-
-
-def placement_probe() -> type:
-    """An actor class that reports the GPU ids and node it holds, to place as a role would be (rlfarm plan's probe
-    is a task). Made in a function so that Ray ships the class by value: its workers cannot import the tests."""
-    class Probe:
-        def where(self) -> dict:
-            from rlfarm.commands.plan import where_am_i
-
-            return where_am_i()
-    return Probe
 
 
 def one_line_error(out) -> str:

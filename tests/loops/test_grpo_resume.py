@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from helpers import on_shared_ray, rlfarm, start_rlfarm
+from helpers import rlfarm, start_rlfarm
 
 UPDATES = 24
 RESUME_AT = 20  # the learning test's stop: a few updates in, its reward still near chance
@@ -31,7 +31,6 @@ def test_grpo_sigterm_checkpoints_then_resume_auto_continues(tmp_path):
     args = ["train", "experiment=grpo_digits", f"hydra.run.dir={run_dir}",
             "run.live=false", f"algo.max_updates={UPDATES}", "algo.target_reward=null", "algo.prompts_per_step=8",
             "logger=none", "run.checkpoint_every_updates=4", *placement]
-    args = ["train", *on_shared_ray(args[1:])]  # on the shared test cluster (helpers.on_shared_ray)
     proc = start_rlfarm(*args)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(rows(run_dir)) < 6 and proc.poll() is None:
@@ -77,7 +76,6 @@ def test_grpo_digits_stopped_early_and_resumed_still_reaches_the_target(tmp_path
     args = ["train", "experiment=grpo_digits", f"hydra.run.dir={run_dir}",
             "run.live=false", "logger=none", "topology.roles.engine.count=2", "ray.num_cpus=4",
             "algo.max_staleness=1", "algo.weight_sync=broadcast", "algo.max_new_tokens=4", f"seed={RESUMED_SEED}"]
-    args = ["train", *on_shared_ray(args[1:])]  # on the shared test cluster (helpers.on_shared_ray)
     proc = start_rlfarm(*args)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(rows(run_dir)) < RESUME_AT and proc.poll() is None:

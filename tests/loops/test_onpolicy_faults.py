@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from helpers import rlfarm, start_train
+from helpers import rlfarm, start_rlfarm
 
 ROLE_TIMEOUT_S = 5
 GRPO = ["experiment=grpo_digits", "run.live=false", "logger=none", "algo.target_reward=null",
@@ -31,7 +31,7 @@ def pid_of(run_dir, role: str, index: int = 0) -> int | None:
 
 
 def start(run_dir, *args):
-    return start_train(run_dir, *args)
+    return start_rlfarm("train", f"hydra.run.dir={run_dir}", *args)
 
 
 def wait_for(condition, timeout_s: float, proc) -> None:

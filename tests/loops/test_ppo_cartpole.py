@@ -15,7 +15,7 @@ from rlfarm.families import PPO, family_of
 from rlfarm.loops.ppo import PPOLoop
 from rlfarm.run import Run
 from rlfarm.topology import PlacedTopology, plan_topology
-from helpers import on_shared_ray, report_of_one_run, rlfarm, start_rlfarm, train
+from helpers import report_of_one_run, rlfarm, start_rlfarm
 
 
 def read_rows(run_dir):
@@ -25,8 +25,8 @@ def read_rows(run_dir):
 @pytest.mark.slow
 def test_ppo_learns_cartpole_to_400_within_300k_env_steps(tmp_path):
     run_dir = tmp_path / "run"
-    out = train(run_dir, "algo=ppo", "env=cartpole", "total_env_steps=300000", "algo.target_return=400", "logger=none",
-                timeout=900)
+    out = rlfarm("train", "algo=ppo", "env=cartpole", "total_env_steps=300000", "algo.target_return=400",
+                 f"hydra.run.dir={run_dir}", "run.live=false", "logger=none", timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["episode_return_mean"] >= 400 and summary["reached_target"], summary
@@ -57,7 +57,6 @@ def test_ppo_on_pendulum_is_preempted_resumes_and_its_checkpoint_plays(tmp_path)
     run_dir = tmp_path / "run"
     args = ["train", "algo=ppo", "env=pendulum", "total_env_steps=2000",
             "env.num_envs=2", "algo.epochs=2", f"hydra.run.dir={run_dir}", "run.live=false"]
-    args = ["train", *on_shared_ray(args[1:])]  # on the shared test cluster (helpers.on_shared_ray)
     proc = start_rlfarm(*args)
     deadline = time.monotonic() + 240
     while not ((run_dir / "metrics.jsonl").exists() and len(read_rows(run_dir)) >= 3) and time.monotonic() < deadline:

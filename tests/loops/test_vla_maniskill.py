@@ -6,7 +6,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import train
+from helpers import rlfarm
 
 pytest.importorskip("mani_skill", reason="ManiSkill3 is in the sim extra: pip install -e .[sim]")
 
@@ -19,9 +19,9 @@ def test_simplevla_on_maniskill_push_cube_writes_a_run_directory(tmp_path):
     if problem:
         pytest.skip(problem)
     run_dir = tmp_path / "run"
-    out = train(run_dir, "experiment=simplevla", "env=maniskill_push_cube", "algo.max_updates=2",
-                "algo.groups_per_update=1", "algo.group_size=2", "env.kwargs.max_steps=10", "env.kwargs.image_size=32",
-                timeout=400)
+    out = rlfarm("train", "experiment=simplevla", "env=maniskill_push_cube", f"hydra.run.dir={run_dir}",
+                 "run.live=false", "algo.max_updates=2", "algo.groups_per_update=1", "algo.group_size=2",
+                 "env.kwargs.max_steps=10", "env.kwargs.image_size=32", timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["updates"] == 2 and summary["samples"] == 2 * 1 * 2

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from helpers import train
+from helpers import rlfarm
 
 pytest.importorskip("sapien", reason="SAPIEN is an optional extra: pip install -e .[sim]")
 
@@ -20,7 +20,8 @@ def test_ppo_with_a_critic_learns_push_cube_through_the_inference_server(tmp_pat
     weights reach the server with every publication): success from a uniformly random start to ≥ 0.8, and the
     critic explains most of the return by then."""
     run_dir = tmp_path / "run"
-    out = train(run_dir, "experiment=ppo_vla", "topology=local_vla_server", timeout=600)
+    out = rlfarm("train", "experiment=ppo_vla", "topology=local_vla_server", f"hydra.run.dir={run_dir}",
+                 "run.live=false", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = _rows(run_dir)

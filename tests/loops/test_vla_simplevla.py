@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers import report_of_one_run, rlfarm, train
+from helpers import report_of_one_run, rlfarm
 
 pytest.importorskip("sapien", reason="SAPIEN is an optional extra: pip install -e .[sim]")
 
@@ -24,7 +24,7 @@ def test_an_hf_vla_checkpoint_with_lora_trains_through_the_roles_is_preempted_an
 
     import torch
 
-    from helpers import on_shared_ray, start_rlfarm, wait_for
+    from helpers import start_rlfarm, wait_for
     from rlfarm.models.lm_factory import save_random_llava
 
     folder = save_random_llava(tmp_path / "llava")
@@ -35,7 +35,6 @@ def test_an_hf_vla_checkpoint_with_lora_trains_through_the_roles_is_preempted_an
             "topology=vla_1gpu", "topology.roles.env_runner.count=2", "ray.num_gpus=1", "ray.num_cpus=4",
             f"hydra.run.dir={run_dir}", "run.live=false", f"algo.max_updates={updates}", "algo.target_success=null",
             "algo.groups_per_update=4", "algo.group_size=2"]
-    args = ["train", *on_shared_ray(args[1:])]  # on the shared test cluster (helpers.on_shared_ray)
     proc = start_rlfarm(*args)
     wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(_rows(run_dir)) >= 2, 240)
     proc.send_signal(signal.SIGTERM)
@@ -67,7 +66,7 @@ def test_tiny_vla_learns_push_cube_within_5_minutes(tmp_path):
     group then all-success or all-fail, no signal left), and through the inference server (whose batches mix the
     workers' calls in arrival order) runs did, twice in about eight. The server's path learns in test_vla_ppo.py."""
     run_dir = tmp_path / "run"
-    out = train(run_dir, "experiment=simplevla", timeout=600)
+    out = rlfarm("train", "experiment=simplevla", f"hydra.run.dir={run_dir}", "run.live=false", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = _rows(run_dir)
