@@ -106,6 +106,17 @@ def start_train(run_dir, *overrides):
     return start_rlfarm("train", f"hydra.run.dir={run_dir}", "run.live=false", *on_shared_ray(overrides))
 
 
+def placement_probe() -> type:
+    """An actor class that reports the GPU ids and node it holds, to place as a role would be (rlfarm plan's probe
+    is a task). Made in a function so that Ray ships the class by value: its workers cannot import the tests."""
+    class Probe:
+        def where(self) -> dict:
+            from rlfarm.commands.plan import where_am_i
+
+            return where_am_i()
+    return Probe
+
+
 def one_line_error(out) -> str:
     lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
     assert out.returncode == 2 and len(lines) == 1, (out.returncode, out.stderr[-2000:])
