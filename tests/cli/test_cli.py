@@ -2,7 +2,7 @@
 import json
 import time
 
-from helpers import TINY_SAC, on_shared_ray, rlfarm
+from helpers import TINY_SAC, rlfarm
 
 
 def test_help_lists_commands():
@@ -23,7 +23,7 @@ def test_multirun_sweep_gives_one_run_dir_each(tiny_sweep):
 
 
 def test_plan_with_declared_gpus_prints_gpu_ids():
-    out = rlfarm("plan", "topology=split_1_3", *on_shared_ray(["ray.num_gpus=4", "ray.num_cpus=16"]), columns=200)
+    out = rlfarm("plan", "topology=split_1_3", "ray.num_gpus=4", "ray.num_cpus=16")
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     labeler_rows = [line for line in lines if "labeler[" in line]
