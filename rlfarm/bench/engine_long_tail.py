@@ -37,7 +37,9 @@ from rlfarm.engines.synthetic_lengths import synthetic_lengths
 
 log = logging.getLogger("rlfarm")
 FIXED, REFILL, STEP = "long-tail fixed batch", "long-tail refill", "decode step"
-WHOLE_ROW = "whole row"
+WHOLE_ROW, MATMUL = "whole row", "matmul attention"
+
+
 def timed(work, device: str) -> tuple[float, object]:
     synchronize(device)
     started = time.perf_counter()
@@ -63,8 +65,11 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
     context_step = cfg.get("context_step")
     engine._static.context_step = int(context_step) if context_step else None
     rows = []
-    for case, refill in ((FIXED, False), (REFILL, True)):
-        engine.refill, engine.lengths = refill, lengths
+    # on CUDA the steps attend through the per-row kernel (rlfarm.engines.decode_attention); the same cases through
+    # the masked matmuls it replaced (MATMUL rows) show what it adds
+    matmul = [(f"{REFILL} {MATMUL}", True, "matmul")] if engine._static.row_kernel else []
+    for case, refill, attention in ((FIXED, False, "auto"), (REFILL, True, "auto"), *matmul):
+        engine.refill, engine.lengths, engine._static.attention = refill, lengths, attention
         engine.generate(ids[:slots], 1, min(cap, 64), eos_id=end)  # warm-up: compile, cuBLAS, the allocator
         engine.prepare(prompts, 1, prompt_len, cap, eos_id=end)  # the timed call's graphs, captured ahead
         engine.reseed(seed)
@@ -77,14 +82,20 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
         log.info("%s: %.0f useful tok/s (%d decode steps)", case, useful / seconds, calls.decode_steps)
     engine.refill, engine.lengths = False, None  # every row to the cap: the decode step at full batch
     step, buckets_on = f"{STEP} b{slots}", engine._static.context_step
-    for case, context_step in ((step, buckets_on), (f"{step} {WHOLE_ROW}", None)):
-        engine._static.context_step = context_step
-        rows.append(decode_step_row(engine, model, cfg, device, ids[:slots], case))
-    rows[-2] |= {"baseline": rows[-1]["case"], "speedup": round(rows[-1]["value"] / rows[-2]["value"], 3)}
-    engine._static.context_step = buckets_on
+    steps = [(step, buckets_on, "auto"), *[(f"{step} {MATMUL}", buckets_on, "matmul")] * bool(matmul),
+             (f"{step} {WHOLE_ROW}", None, "matmul")]
+    step_rows = []
+    for case, context_step, attention in steps:
+        engine._static.context_step, engine._static.attention = context_step, attention
+        step_rows.append(decode_step_row(engine, model, cfg, device, ids[:slots], case))
+    first, whole = step_rows[0], step_rows[-1]
+    first |= {"baseline": whole["case"], "speedup": round(whole["value"] / first["value"], 3)}
+    if matmul:
+        first["vs_matmul"] = round(step_rows[1]["value"] / first["value"], 3)
+    engine._static.context_step, engine._static.attention = buckets_on, "auto"
     if profile_steps:
-        rows[-2] |= profile_decode_step(engine, slots, prompt_len, cap, device, profile_steps)
-    return rows
+        first |= profile_decode_step(engine, slots, prompt_len, cap, device, profile_steps)
+    return rows + step_rows
 
 
 def decode_step_row(engine: HFEngine, model: torch.nn.Module, cfg: DictConfig, device: str,

@@ -13,18 +13,16 @@ row whose sample ended (its end token, the cap, or a synthetic length: `rlfarm.e
 hands its slot to the next queued sample at the next check (every `stop_check_every` steps): the newcomer's
 prefill writes its prompt into that slot's cache row while the other rows keep their place, and decoding goes
 on, until the call's samples are all done. Once the queue is empty the batch shrinks through buckets (the
-slots, then powers of two down to MIN_BUCKET): the rows still running move to the lowest slots and the step
-runs on that prefix. Without `refill` the slots decode in waves, each to
-its longest sample (finished rows keep decoding): the fixed batch, kept as the baseline.
-Context buckets. Attention reads the cache only up to a context bucket (a multiple of `context_step` columns)
-that holds every column the running rows write before the next check: the furthest row decides, since rows
-refilled at different times sit at different columns. Each (batch bucket, context bucket) has its graph, all
-sharing one memory pool. Without them (`context_step=None`, the bench's baseline) every step reads the whole
-allocated row, P + cap columns, where the mean written context is P + cap/2.
+slots, then powers of two down to MIN_BUCKET): the rows still running move to the lowest slots and the step runs
+on that prefix. Without `refill` the slots decode in waves, each to its longest sample: the fixed batch, the baseline.
+Attention. On CUDA a flash-decoding kernel reads each row only up to its own newest column
+(`rlfarm.engines.decode_attention`), so a refilled row does not pay for the furthest row's columns; elsewhere
+(`attention="matmul"`) two matmuls read every row up to a context bucket, a multiple of `context_step` columns
+that holds what the running rows write before the next check (None: the whole allocated row, P + cap columns).
+Each (batch bucket, context bucket) has its graph (the kernel's grid spans the bucket too), all in one memory pool.
 The cache is slot-major and fixed (slots × cache length, rounded up to CACHE_ROUNDING tokens), not paged: RL
-calls share one cap, so a slot never needs more than its row; the bucket views and the graphs need tensors
-that do not move; a paged cache would buy memory for mixed lengths at the price of an indirection in every
-attention read, which our attention (plain matmuls over the row) does not have.
+calls share one cap, so a slot never needs more than its row, and the bucket views and graphs need tensors that
+do not move.
 Sampling is reproducible across all this: a sample's noise is keyed by (call seed, its index in the step, its
 token index) (`rlfarm.engines.noise`), so the same seed gives the same samples with or without refill, whatever
 slot a sample lands in, as far as the batch-size dependence of the arithmetic allows.
@@ -40,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlfarm.engines import decode_state
+from rlfarm.engines.decode_attention import available as row_kernel_available, decode_attention
 from rlfarm.engines.base import hits_stop
 from rlfarm.engines.buckets import CACHE_ROUNDING, CONTEXT_STEP, buckets, contexts
 from rlfarm.engines.decode_state import DecodeState
@@ -92,20 +91,23 @@ class StaticDecoder:
     on CPU."""
 
     def __init__(self, model: nn.Module, pad_id: int, cuda_graphs: bool = True, compile: bool = False,
-                 max_cached_shapes: int = 3, context_step: int | None = CONTEXT_STEP):
+                 max_cached_shapes: int = 3, context_step: int | None = CONTEXT_STEP, attention: str = "auto"):
         if not supports(model):
             raise ValueError(f"StaticDecoder runs {SUPPORTED_MODEL_TYPES} models with full attention")
         self.model, self.pad_id = model, pad_id
         self.base = base_model(model)
         self.layers = self.base.model.layers
         config = self.base.config
-        attention = self.layers[0].self_attn
-        self.head_dim = attention.head_dim
+        first = self.layers[0].self_attn
+        self.head_dim, self.scaling = first.head_dim, first.scaling
         self.kv_heads = config.num_key_value_heads
         self.groups = config.num_attention_heads // config.num_key_value_heads
-        self.scaling = attention.scaling
         self.cuda_graphs, self.max_cached_shapes = cuda_graphs, max_cached_shapes
         self.context_step = context_step  # columns between context buckets (None: attend to the whole row)
+        # "rows": the per-row kernel, "matmul": two matmuls over the bucket, "auto": rows where Triton runs (CUDA)
+        if attention not in ("auto", "rows", "matmul"):
+            raise ValueError(f"attention must be auto, rows or matmul, not {attention!r}")
+        self.attention = attention
         self.states: OrderedDict[tuple[int, int], DecodeState] = OrderedDict()
         self.last_call: Calls | None = None
         # compile fuses the many small kernels of a step (norms, rotary, noise, sampling) before graph capture;
@@ -117,6 +119,12 @@ class StaticDecoder:
     @property
     def device(self) -> torch.device:
         return self.base.lm_head.weight.device
+
+    @property
+    def row_kernel(self) -> bool:
+        """Whether steps attend through the per-row kernel (else the matmul path)."""
+        auto = self.attention == "auto" and self.device.type == "cuda" and row_kernel_available(self.device)
+        return auto or self.attention == "rows"
 
     def release(self) -> None:
         """Drop caches and graphs (they point at memory that `sleep` gives back)."""
@@ -277,7 +285,7 @@ class StaticDecoder:
         state.position.clamp_(max=last)
         state.column.clamp_(max=last)
         state.key_valid.scatter_(1, state.column.unsqueeze(1), True)
-        visible = state.key_valid[:, None, None, :]  # [B, 1, 1, S]
+        visible, row_kernel = state.key_valid[:, None, None, :], self.row_kernel  # visible [B, 1, 1, S]
         cos, sin = state.cos[state.position].unsqueeze(1), state.sin[state.position].unsqueeze(1)  # [B, 1, D]
         # each row's key/value into its own column by index_put_: inductor writes just those elements in place,
         # where scatter_ on the cache became a pass over the whole cache and a copy back, per layer and step
@@ -288,7 +296,11 @@ class StaticDecoder:
             query, key, value = project(attention, layer.input_layernorm(hidden), cos, sin, self.head_dim)
             state.keys[i][rows, :, state.column] = key[:, :, 0]
             state.values[i][rows, :, state.column] = value[:, :, 0]
-            attended = attend_cache(query, state.keys[i], state.values[i], visible, self.groups, self.scaling)
+            if row_kernel:  # each row up to its newest column
+                attended = decode_attention(query, state.keys[i], state.values[i], state.key_valid, state.column,
+                                            self.groups, float(self.scaling))
+            else:
+                attended = attend_cache(query, state.keys[i], state.values[i], visible, self.groups, self.scaling)
             hidden = hidden + attention.o_proj(attended)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         state.logits.copy_(self.base.lm_head(self.base.model.norm(hidden))[:, -1])
@@ -368,7 +380,7 @@ class StaticDecoder:
             decode_state.mark_dynamic(state)
         if not (self.cuda_graphs and self.device.type == "cuda"):
             return lambda: self._step(state, sampling)
-        key = (size, context, sampling)
+        key = (size, context, sampling, self.row_kernel)
         if key not in root.graphs:
             # warm up on a side stream first (compiles, and lets cuBLAS and the allocator settle); the state's
             # contents are garbage afterwards, which is why every bucket is captured before a call fills a slot

@@ -118,7 +118,8 @@ def test_cuda_graphed_steps_equal_eager_steps_and_the_learner(compile):
 @pytest.mark.parametrize("compile", [False, True])
 def test_cuda_graphed_refill_through_buckets_equals_the_eager_fixed_batch(compile):
     # 72 samples through 40 slots: refills, then the tail shrinks to the 32- and 16-row buckets' graphs; the graphed
-    # engine attends to context buckets 8 columns apart (a graph per pair, one pool), the eager one to whole rows
+    # engine attends to context buckets 8 columns apart (a graph per pair, one pool) through the per-row kernel
+    # (rlfarm.engines.decode_attention), the eager one to whole rows through the masked matmuls
     model = tiny_model("qwen2", vocab_size=1000, num_hidden_layers=3).cuda()
     lengths = {"median_frac": 0.2, "p99_frac": 1.0}
     graphed = HFEngine(copy.deepcopy(model), pad_id=PAD, device="cuda", seed=5, compile=compile, max_batch=40,
@@ -126,6 +127,8 @@ def test_cuda_graphed_refill_through_buckets_equals_the_eager_fixed_batch(compil
     eager = HFEngine(copy.deepcopy(model), pad_id=PAD, device="cuda", seed=5, cuda_graphs=False,
                      synthetic_lengths=lengths)
     graphed._static.context_step, eager._static.context_step = 8, None
+    eager._static.attention = "matmul"
+    assert graphed._static.row_kernel and not eager._static.row_kernel
     prompts = [[1 + (i * 7 + j) % 900 for j in range(5 + i % 4)] for i in range(24)]
     for _ in range(2):  # the second call replays the captured graphs on a reused cache
         a = graphed.generate(prompts, n=3, max_new_tokens=30, temperature=1.0, eos_id=EOS)
