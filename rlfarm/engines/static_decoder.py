@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlfarm.engines import decode_state
-from rlfarm.engines.decode_attention import available as row_kernel_available, decode_attention
+from rlfarm.engines.decode_attention import available as row_kernel_available, write_and_attend
 from rlfarm.engines.base import hits_stop
 from rlfarm.engines.buckets import CACHE_ROUNDING, CONTEXT_STEP, buckets, contexts
 from rlfarm.engines.decode_state import DecodeState
@@ -294,12 +294,12 @@ class StaticDecoder:
         for i, layer in enumerate(self.layers):
             attention = layer.self_attn
             query, key, value = project(attention, layer.input_layernorm(hidden), cos, sin, self.head_dim)
-            state.keys[i][rows, :, state.column] = key[:, :, 0]
-            state.values[i][rows, :, state.column] = value[:, :, 0]
-            if row_kernel:  # each row up to its newest column
-                attended = decode_attention(query, state.keys[i], state.values[i], state.key_valid, state.column,
-                                            self.groups, float(self.scaling))
+            if row_kernel:  # each row reads up to its newest column
+                attended = write_and_attend(state.keys[i], state.values[i], key[:, :, 0], value[:, :, 0], query,
+                                            state.key_valid, state.column, self.groups, float(self.scaling))
             else:
+                state.keys[i][rows, :, state.column] = key[:, :, 0]
+                state.values[i][rows, :, state.column] = value[:, :, 0]
                 attended = attend_cache(query, state.keys[i], state.values[i], visible, self.groups, self.scaling)
             hidden = hidden + attention.o_proj(attended)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
