@@ -12,7 +12,8 @@ rm -rf "$run"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout "${BENCH_TIMEOUT:-330}" rlfarm bench engine device=cuda bench.shape=qwen2_5_7b_shape \
   'bench.sizes.batches=[]' 'bench.sizes.static_baseline_batches=[]' bench.profile=true \
-  "bench.sizes.long_tail.prompts=${PROMPTS:-512}" hydra.run.dir="$run" > "$OUT/bench.log" 2>&1 \
+  "bench.sizes.long_tail.prompts=${PROMPTS:-512}" "bench.sizes.long_tail.samples_per_prompt=${N:-1}" \
+  hydra.run.dir="$run" > "$OUT/bench.log" 2>&1 \
   || echo "bench failed: $?" | tee -a "$OUT/failed.txt"
 cp "$run/bench.json" "$run/decode_profile.txt" "$OUT/" 2>/dev/null
 grep -E "INFO|rror" "$OUT/bench.log" | tail -15
@@ -22,7 +23,7 @@ try:
     rows = json.load(open(sys.argv[1]))["rows"]
 except OSError:
     sys.exit(0)
-keys = ("value", "attended_columns", "hbm_bound_ms", "compute_bound_ms", "roofline_ms", "serial_bound_ms",
+keys = ("value", "seconds", "useful_tokens", "attended_columns", "hbm_bound_ms", "compute_bound_ms", "roofline_ms", "serial_bound_ms",
         "of_hbm_bound", "of_roofline", "speedup", "ratio", "decode_steps")
 for row in rows:
     print(row["case"], {k: row[k] for k in keys if k in row})

@@ -1,7 +1,8 @@
 """`rlfarm bench engine`'s long-tail cases (issue 35): continuous refill against the fixed batch, and the decode
 step against the HBM bound.
 
-Long tail: `prompts` random prompts of `prompt_len` tokens, one sample each, at most `slots` decoded at once, up to
+Long tail: `prompts` random prompts of `prompt_len` tokens, `samples_per_prompt` samples each (a GRPO group; 1 by
+default), at most `slots` decoded at once, up to
 `cap` new tokens; each sample ends at a length drawn by the synthetic length model (`lengths`, log-normal:
 median and p99 as fractions of the cap, on its end token, the last id of the vocabulary) — a SPEED-RUN setting:
 random weights never end on their own. Same prompts, same seed, same run, two engines:
@@ -53,10 +54,12 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
     """The two long-tail rows (refill's baseline: the fixed batch) and the decode-step row (with `profile_steps`
     > 0: its kernel profile, `rlfarm.bench.engine_profile`)."""
     slots, prompts, prompt_len, cap = int(cfg.slots), int(cfg.prompts), int(cfg.prompt_len), int(cfg.cap)
+    n = int(cfg.get("samples_per_prompt", 1))
     lengths = synthetic_lengths(cfg.lengths)
     ids = torch.randint(1, vocab - 1, (prompts, prompt_len), generator=torch.Generator().manual_seed(seed)).tolist()
     end = vocab - 1
-    common = {"unit": "useful tok/s", "slots": slots, "prompts": prompts, "prompt_len": prompt_len, "cap": cap,
+    common = {"unit": "useful tok/s", "slots": slots, "prompts": prompts, "samples_per_prompt": n,
+              "prompt_len": prompt_len, "cap": cap,
               "lengths": f"synthetic (speed run): median {lengths.median_frac:.3g}·cap, "
                          f"p99 {lengths.p99_frac:.3g}·cap"}
     # one engine for every case (one compilation, one cache); its mode is set per case
@@ -71,9 +74,9 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
     for case, refill, attention in ((FIXED, False, "auto"), (REFILL, True, "auto"), *matmul):
         engine.refill, engine.lengths, engine._static.attention = refill, lengths, attention
         engine.generate(ids[:slots], 1, min(cap, 64), eos_id=end)  # warm-up: compile, cuBLAS, the allocator
-        engine.prepare(prompts, 1, prompt_len, cap, eos_id=end)  # the timed call's graphs, captured ahead
+        engine.prepare(prompts, n, prompt_len, cap, eos_id=end)  # the timed call's graphs, captured ahead
         engine.reseed(seed)
-        seconds, rollout = timed(lambda: engine.generate(ids, 1, cap, eos_id=end), device)
+        seconds, rollout = timed(lambda: engine.generate(ids, n, cap, eos_id=end), device)
         useful = int(rollout.response_mask.sum())
         calls = engine.last_call
         rows.append({"case": case, "value": useful / seconds, "baseline": FIXED if refill else None, **common,
@@ -84,10 +87,10 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
     step, buckets_on = f"{STEP} b{slots}", engine._static.context_step
     steps = [(step, buckets_on, "auto"), *[(f"{step} {MATMUL}", buckets_on, "matmul")] * bool(matmul),
              (f"{step} {WHOLE_ROW}", None, "matmul")]
-    step_rows = []
+    step_rows, batch = [], (ids * -(-slots // len(ids)))[:slots]  # a full batch of prompts, repeated if few
     for case, context_step, attention in steps:
         engine._static.context_step, engine._static.attention = context_step, attention
-        step_rows.append(decode_step_row(engine, model, cfg, device, ids[:slots], case))
+        step_rows.append(decode_step_row(engine, model, cfg, device, batch, case))
     first, whole = step_rows[0], step_rows[-1]
     first |= {"baseline": whole["case"], "speedup": round(whole["value"] / first["value"], 3)}
     if matmul:
