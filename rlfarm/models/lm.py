@@ -107,9 +107,56 @@ def response_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
                  logits_to_keep=response_len + 1).logits[:, :-1]
 
 
+# Elements of fp32 logits that exist at once when the head runs in chunks (256 MB): a 7B policy's whole step,
+# 256 × 1,280 tokens × a 152k vocabulary, would be ~200 GB.
+LOGIT_BUDGET = 1 << 26
+
+
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      response_start: int, temperature: float = 1.0) -> torch.Tensor:
+                      response_start: int, temperature: float = 1.0, logit_budget: int = LOGIT_BUDGET
+                      ) -> torch.Tensor:
     """Log-probabilities [B, T] (float32) of the response tokens under `model` sampling at `temperature`.
-    Inputs as `response_logits`."""
-    logits = response_logits(model, input_ids, attention_mask, response_start)
-    return token_logprobs(logits, input_ids[:, response_start:], temperature)
+    Inputs as `response_logits`. Where the response's logits would pass `logit_budget` elements, the head runs
+    on chunks of tokens (`chunked_head_logprobs`), each chunk's logits recomputed in the backward pass rather
+    than kept: same values, same gradients."""
+    tokens = input_ids[:, response_start:]
+    parts = decoder_and_head(model)
+    if parts is None or tokens.numel() * parts[1].out_features <= logit_budget:
+        return token_logprobs(response_logits(model, input_ids, attention_mask, response_start), tokens, temperature)
+    decoder, head = parts
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                     position_ids=position_ids_from_mask(attention_mask)).last_hidden_state
+    hidden = hidden[:, response_start - 1:-1]  # the states that predict each response token
+    return chunked_head_logprobs(head, hidden, tokens, temperature, max(1, logit_budget // head.out_features))
+
+
+def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
+    """The decoder stack and LM head of an HF causal LM (under peft, with its adapters), to be called one after
+    the other; None where a wrapper's own forward must run (DDP and FSDP hook theirs: chunks bypass them)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, (nn.parallel.DistributedDataParallel, FSDPModule)):
+        return None
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder, head = getattr(base, "model", None), getattr(base, "lm_head", None)
+    return (decoder, head) if decoder is not None and isinstance(head, nn.Linear) else None
+
+
+def chunked_head_logprobs(head: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,
+                          rows: int) -> torch.Tensor:
+    """`token_logprobs(head(hidden), tokens)` for hidden [B, T, H], tokens [B, T], `rows` tokens at a time:
+    with gradients on, each chunk is checkpointed (its logits recomputed in the backward pass), so at most one
+    chunk's logits exist at once."""
+    from torch.utils.checkpoint import checkpoint
+
+    flat_hidden, flat_tokens = hidden.reshape(-1, hidden.shape[-1]), tokens.reshape(-1)
+    out = []
+    for start in range(0, len(flat_tokens), rows):
+        args = (head, flat_hidden[start:start + rows], flat_tokens[start:start + rows], temperature)
+        out.append(checkpoint(_head_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
+                   else _head_logprobs(*args))
+    return torch.cat(out).view_as(tokens)
+
+
+def _head_logprobs(head: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    return token_logprobs(head(hidden), tokens, temperature)

@@ -23,6 +23,31 @@ def test_sequence_logprobs_are_next_token_logprobs_of_the_response():
     torch.testing.assert_close(got[0], expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("lora", [None, LORA])
+def test_the_head_in_chunks_gives_the_same_logprobs_and_gradients(lora):
+    # a logit budget of 3 tokens' logits: the response's 2 × 5 tokens go through the head in 4 chunks, each
+    # recomputed in the backward pass (issue 37: a 7B step's whole logits would be ~200 GB in fp32)
+    torch.manual_seed(0)
+    model = causal_lm(TINY, lora=lora)
+    ids = torch.randint(1, 15, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding
+    params = [p for p in model.parameters() if p.requires_grad]
+    full = sequence_logprobs(model, ids, mask, response_start=4, temperature=0.7)
+    full_grads = torch.autograd.grad((full * torch.arange(1.0, 6.0)).sum(), params)
+    head = model.get_base_model().lm_head if lora else model.lm_head
+    calls = []
+    hook = head.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+    chunked = sequence_logprobs(model, ids, mask, response_start=4, temperature=0.7, logit_budget=3 * 15)
+    forward_calls = list(calls)
+    chunked_grads = torch.autograd.grad((chunked * torch.arange(1.0, 6.0)).sum(), params)
+    hook.remove()
+    assert forward_calls == [3, 3, 3, 1] and calls[4:] == forward_calls[::-1]  # each run again in the backward
+    torch.testing.assert_close(chunked, full, atol=1e-6, rtol=0)
+    for got, expected in zip(chunked_grads, full_grads):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
 def test_lora_trains_and_publishes_only_adapters():
     torch.manual_seed(0)
     model = causal_lm(TINY, lora=LORA)
