@@ -32,7 +32,8 @@ from omegaconf import DictConfig
 
 from rlfarm.bench.common import synchronize
 from rlfarm.bench.engine_profile import profile_decode_step
-from rlfarm.bench.engine_roofline import DENSE_TFLOPS, HBM_TB_S, bounds, card_figure, step_cost
+from rlfarm.bench.engine_roofline import bounds, step_cost
+from rlfarm.cards import DENSE_TFLOPS, HBM_TB_S, card_figure
 from rlfarm.engines.hf import HFEngine
 from rlfarm.engines.synthetic_lengths import synthetic_lengths
 

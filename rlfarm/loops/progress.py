@@ -54,7 +54,8 @@ class Progress:
 
     def record_timings(self, row: dict) -> None:
         for key, values in self.timings.items():
-            values.append(row[key])
+            if row[key] is not None:  # e.g. mfu on a CPU, which has no peak to measure against
+                values.append(row[key])
 
     def timing_medians(self) -> dict[str, float]:
         return {key: round(float(np.median(values)), 4) for key, values in self.timings.items() if values}

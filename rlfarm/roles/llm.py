@@ -11,16 +11,14 @@ and `EngineRole.open_sync` at the same time); every sync after that is `LMLearne
 sends to all of them in one go (one broadcast group, or the same host copies); under CUDA IPC each engine reads
 from the learner rank on its own GPU (`rlfarm.loops.llm_layout.plan_weight_sync`).
 
-The learner may be N data-parallel LMLearner actors (`rlfarm.loops.learner_group`): each trains on its shard
-of the batch under DDP (`rlfarm.data_parallel`), and rank 0 publishes weights (under DDP with IPC, every rank
-that shares an engine's GPU does) and reports.
-Precision: `dtype` ("bfloat16") is what the GPU roles compute in — the engine holds its weights in it, the
-learner keeps fp32 weights and optimizer and runs its forward passes under autocast to it, and publishes
-weights cast to it; on CPU every role runs float32 (`rlfarm.models.lm.compute_dtype`).
+The learner may be N data-parallel LMLearner actors (`rlfarm.loops.learner_group`), each training on its shard
+(DDP/FSDP, `rlfarm.data_parallel`); rank 0 publishes (under DDP with IPC, every rank on an engine's GPU) and
+reports, with the update's model-FLOPs utilization (`rlfarm.algos.model_flops`). Precision: GPU roles compute in
+`dtype` (the engine's weights, the learner's autocast and what it publishes; its weights and AdamW stay fp32);
+CPU roles run float32 (`rlfarm.models.lm.compute_dtype`).
 
-The policy is built from a config dict (`cfg.model`: a mapping; vocabulary = the digit tokenizer's) or loaded
-from a hub id / folder (`cfg.model`: a string, `model.source`), whose own tokenizer the task then speaks
-(`rlfarm.envs.text_tasks.TextTaskSpec`: digit tasks or a prompt file)."""
+The policy is built from a config dict (vocabulary: the digit tokenizer's) or loaded from a hub id / folder
+(`model.source`), whose tokenizer the task then speaks (`rlfarm.envs.text_tasks.TextTaskSpec`)."""
 from __future__ import annotations
 
 import copy
@@ -34,6 +32,7 @@ import torch
 
 from rlfarm.algos.grpo import group_advantages
 from rlfarm.algos.grpo_lm import GRPOConfig, rollout_metrics, update_policy
+from rlfarm.algos.model_flops import UpdateFlops
 from rlfarm.algos.versions import version_metrics
 from rlfarm.data import Rollout, concat_rollouts
 from rlfarm.data_parallel import full_tensors, is_sharded, join_data_parallel, shard_model, wrap_data_parallel
@@ -222,8 +221,7 @@ class LMLearner:
     Rank 0 sends the weights to the engines through `sender`, built once for the transport the driver picked
     (`open_sync`, `join_sync`); `publish` sends each new version."""
 
-    def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32", rank: int = 0,
-                 world_size: int = 1):
+    def __init__(self, cfg: GRPOConfig, threads: int = 1, dtype: str = "float32", rank: int = 0, world_size: int = 1):
         limit_threads(threads)
         self.cfg = replace(cfg, device=assigned_device())
         self.rank, self.world_size = rank, world_size
@@ -239,8 +237,8 @@ class LMLearner:
         self.sender: WeightSender = HostSender()  # the object store, until `join_sync` builds another
         self._sync: SenderSetup | None = None  # open_sync's half of the handshake
         self._gathered: dict[str, torch.Tensor] = {}  # under FSDP, rank 0: the whole trainable tensors
-        self.publish_s = 0.0  # the last `publish`'s time, reported with the next update
-        self.updates = 0
+        self.publish_s, self.updates = 0.0, 0  # publish_s: the last `publish`'s time, sent with the next update
+        self.flops = UpdateFlops(self.model, self.cfg.device, world_size)  # learner_tflops and mfu per update
         self.stages = StageClock("update", "publish")
 
     @watch
@@ -331,7 +329,8 @@ class LMLearner:
         with self.stages.timing("update"):
             metrics = self.update_parts(ray.get(list(generated)), ray.get(list(rewards)))
         self.updates += 1
-        return metrics | {"update_s": time.perf_counter() - started, "publish_s": self.publish_s}
+        seconds, tokens = time.perf_counter() - started, metrics.pop("trained_tokens", 0)
+        return metrics | {"update_s": seconds, "publish_s": self.publish_s} | self.flops.of(tokens, seconds)
 
     def update_parts(self, parts: list[tuple[Rollout, list[str]]], rewards: list[np.ndarray]) -> dict:
         """One update on the engines' parts of a step, joined in order."""
@@ -360,6 +359,7 @@ class LMLearner:
         # self.trainer: the DDP-wrapped or FSDP-sharded model on > 1 ranks, the model itself on one
         metrics = update_policy(self.trainer, self.optimizer, rollout, advantages, self.cfg, self.ref_model,
                                 rank=self.rank, world_size=self.world_size, compute_dtype=self.compute_dtype)
+        metrics["trained_tokens"] = int(rollout.attention_mask().sum())  # the step's, all ranks': for its MFU
         if is_sharded(self.model):
             self._gather()
         return metrics

@@ -31,7 +31,8 @@ def offpolicy_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
 def llm_paragraph(cfg: DictConfig, s: dict, run_dir: str) -> str:
     return (f"Done: {cfg.algo.name} on the '{cfg.env.task}' task ({cfg.topology.name}) ran {s['updates']:,} updates "
             f"({s['samples']:,} samples) in {s['wall_s']:.0f} s; mean reward of the last 10 updates "
-            f"{s['reward_mean']:.3f}{_target(s, 'target_reward')}.{_step_against_stages(s.get('median') or {})} "
+            f"{s['reward_mean']:.3f}{_target(s, 'target_reward')}.{_step_against_stages(s.get('median') or {})}"
+            f"{_learner_work(s.get('median') or {})} "
             f"{_speed_run(s)}Run dir: {run_dir}.")
 
 
@@ -42,6 +43,14 @@ def _speed_run(s: dict) -> str:
         return ""
     return (f"SPEED RUN: synthetic lengths (median {lengths['median_frac']:.3g}·cap, p99 {lengths['p99_frac']:.3g}·cap) "
             "end the samples, not the policy. ")
+
+
+def _learner_work(median: dict) -> str:
+    """The learner's useful TFLOP/s per update, and its MFU where the card's peak is known (`model_flops`)."""
+    if not median.get("learner_tflops"):
+        return ""
+    mfu = f", MFU {100 * median['mfu']:.1f} % of the cards' dense bf16 peak" if median.get("mfu") else ""
+    return f" Learner {median['learner_tflops']:.3g} TFLOP/s of model FLOPs (6·N·T){mfu}."
 
 
 def _step_against_stages(median: dict) -> str:
