@@ -36,6 +36,7 @@ class Family:
     optional_roles: tuple[str, ...] = ()  # roles it places only when the topology lists them
     learner_ranks: bool = False  # its learner may be several data-parallel ranks (topology.roles.learner.count)
     plan_rules: str | None = None  # "module:function" (cfg, plan): what it asks of the planned topology
+    memory: str | None = None  # "module:function" (cfg, plan) -> lines: `rlfarm plan`'s GPU memory estimate
     not_evaluated: str | None = None  # why `rlfarm eval` does not play its runs and where their scores are
                                       # (None: eval plays its policy on its env)
 
@@ -52,6 +53,9 @@ class Family:
         """Before anything starts (preflight, then again in the run): the topology as planned (`rlfarm.topology.Plan`)."""
         if self.plan_rules:
             load(self.plan_rules)(cfg, plan)
+
+    def memory_lines(self, cfg: DictConfig, plan) -> list[str]:
+        return load(self.memory)(cfg, plan) if self.memory else []
 
     def closing_paragraph(self, cfg: DictConfig, summary: dict, run_dir: str) -> str:
         return load(self.paragraph)(cfg, summary, run_dir)
@@ -90,6 +94,7 @@ LLM = Family(
     learner_ranks=True,  # data-parallel ranks (rlfarm/loops/learner_group.py)
     rules="rlfarm.config.family_rules:check_text_policy",
     plan_rules="rlfarm.loops.llm_layout:check_rollout_layout",
+    memory="rlfarm.loops.llm_memory:plan_lines",
     paragraph="rlfarm.telemetry.summary:llm_paragraph",
     columns=UPDATE_COLUMNS,
     step_key="updates",

@@ -283,6 +283,7 @@ class RunSchema(Ranged):
     restart_timeout_s: float
     role_timeout_s: float
     max_wall_s: Optional[float]
+    memory_check: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

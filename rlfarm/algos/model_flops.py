@@ -12,6 +12,7 @@ from __future__ import annotations
 from torch import nn
 
 from rlfarm.cards import DENSE_TFLOPS, card_figure
+from rlfarm.memory_plan import measured_peak_gib
 
 
 def matrix_params(model: nn.Module) -> int:
@@ -22,18 +23,20 @@ def matrix_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.dim() == 2 and not (untied and p is embedding))
 
 
-class UpdateFlops:
-    """The useful FLOPs of an update of `model` and their utilization of `world_size` cards like `device`'s
-    (`peak_tflops` None: from the card's name; a CPU has none, so only `learner_tflops` is reported)."""
+class UpdateFigures:
+    """An update's useful FLOPs, their utilization of `world_size` cards like `device`'s (`peak_tflops` None: from
+    the card's name; a CPU has none, so only `learner_tflops` is reported), and the GPU memory it held."""
 
     def __init__(self, model: nn.Module, device: str, world_size: int = 1, peak_tflops: float | None = None):
         lora = any(not p.requires_grad for p in model.parameters())
         self.flops_per_token = (4 if lora else 6) * matrix_params(model)
         self.peak = card_figure(DENSE_TFLOPS, device, peak_tflops)
-        self.world_size = world_size
+        self.world_size, self.device = world_size, device
 
     def of(self, tokens: int, seconds: float) -> dict[str, float | None]:
-        """learner_tflops: the update's useful TFLOP/s (all ranks together); mfu: that over the ranks' peak."""
+        """learner_tflops: the update's useful TFLOP/s (all ranks together); mfu: that over the ranks' peak;
+        learner_peak_gib: rank 0's peak CUDA memory since the last update (None on a CPU; `rlfarm.memory_plan`
+        estimates it before the run)."""
         tflops = self.flops_per_token * tokens / max(seconds, 1e-9) / 1e12
-        return {"learner_tflops": tflops,
-                "mfu": tflops / (self.peak * self.world_size) if self.peak else None}
+        return {"learner_tflops": tflops, "mfu": tflops / (self.peak * self.world_size) if self.peak else None,
+                "learner_peak_gib": measured_peak_gib(self.device)}

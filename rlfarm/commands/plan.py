@@ -80,7 +80,8 @@ def task(cfg: DictConfig) -> list[dict]:
                       ",".join(row["gpu_ids"]) or "-", render, row["node_label"])
     console = Console()
     console.print(table)
-    for line in transport_lines(rows, OmegaConf.select(cfg, "algo.weight_sync")):
+    for line in [*transport_lines(rows, OmegaConf.select(cfg, "algo.weight_sync")),
+                 *family_of(cfg).memory_lines(cfg, plan)]:
         console.print(line, highlight=False, soft_wrap=True)
     return rows
 

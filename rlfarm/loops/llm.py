@@ -56,7 +56,7 @@ REWARD_WINDOW = 10  # summary reward_mean: mean over the last 10 updates
 # the share of samples whose tokens span several weight versions (partial rollouts)
 STAGE_KEYS = ("step_s", "generate_s", "wait_s", "score_s", "update_s", "sync_s", "publish_s",
               "generated_tokens_per_s", "step_samples_per_s", "step_tokens_per_s", "engine_busy", "learner_busy",
-              "partial_ratio", "learner_tflops", "mfu")
+              "partial_ratio", "learner_tflops", "mfu", "learner_peak_gib")
 
 
 def grpo_config(cfg: DictConfig) -> GRPOConfig:

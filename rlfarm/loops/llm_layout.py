@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from rlfarm.errors import ConfigError
+from rlfarm.loops.llm_memory import check_fits
 from rlfarm.topology import Plan
 
 Location = tuple[str, int]  # (node id, GPU id or -1): `rlfarm.roles.llm.gpu_location`
@@ -30,6 +31,7 @@ def check_rollout_layout(cfg: DictConfig, plan: Plan) -> None:
         raise ConfigError(f"algo.max_staleness={staleness} needs engines on GPUs of their own, but topology "
                           f"'{plan.name}' puts an engine on a learner's GPU (it sleeps while the learner trains)",
                           "use a split topology (split_1_1, split_2_2) or algo.max_staleness=0")
+    check_fits(cfg, plan)  # each GPU's estimated memory against the driver's card (rlfarm/memory_plan.py)
 
 
 def time_shared_in_plan(plan: Plan) -> bool:

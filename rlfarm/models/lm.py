@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlfarm.memory_plan import LOGIT_BUDGET  # the logits' elements at once where the head runs in chunks
+
 
 def build_causal_lm(config: Mapping[str, Any]) -> nn.Module:
     """A randomly initialized causal LM from a config dict: {"model_type": "qwen2" | "llama" | ..., **fields}."""
@@ -107,9 +109,6 @@ def response_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
                  logits_to_keep=response_len + 1).logits[:, :-1]
 
 
-# Elements of fp32 logits that exist at once when the head runs in chunks (256 MB): a 7B policy's whole step,
-# 256 × 1,280 tokens × a 152k vocabulary, would be ~200 GB.
-LOGIT_BUDGET = 1 << 26
 
 
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

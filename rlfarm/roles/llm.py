@@ -32,7 +32,7 @@ import torch
 
 from rlfarm.algos.grpo import group_advantages
 from rlfarm.algos.grpo_lm import GRPOConfig, rollout_metrics, update_policy
-from rlfarm.algos.model_flops import UpdateFlops
+from rlfarm.algos.model_flops import UpdateFigures
 from rlfarm.algos.versions import version_metrics
 from rlfarm.data import Rollout, concat_rollouts
 from rlfarm.data_parallel import full_tensors, is_sharded, join_data_parallel, shard_model, wrap_data_parallel
@@ -238,7 +238,7 @@ class LMLearner:
         self._sync: SenderSetup | None = None  # open_sync's half of the handshake
         self._gathered: dict[str, torch.Tensor] = {}  # under FSDP, rank 0: the whole trainable tensors
         self.publish_s, self.updates = 0.0, 0  # publish_s: the last `publish`'s time, sent with the next update
-        self.flops = UpdateFlops(self.model, self.cfg.device, world_size)  # learner_tflops and mfu per update
+        self.figures = UpdateFigures(self.model, self.cfg.device, world_size)  # learner_tflops, mfu, peak GiB
         self.stages = StageClock("update", "publish")
 
     @watch
@@ -330,7 +330,7 @@ class LMLearner:
             metrics = self.update_parts(ray.get(list(generated)), ray.get(list(rewards)))
         self.updates += 1
         seconds, tokens = time.perf_counter() - started, metrics.pop("trained_tokens", 0)
-        return metrics | {"update_s": seconds, "publish_s": self.publish_s} | self.flops.of(tokens, seconds)
+        return metrics | {"update_s": seconds, "publish_s": self.publish_s} | self.figures.of(tokens, seconds)
 
     def update_parts(self, parts: list[tuple[Rollout, list[str]]], rewards: list[np.ndarray]) -> dict:
         """One update on the engines' parts of a step, joined in order."""

@@ -50,7 +50,8 @@ def _learner_work(median: dict) -> str:
     if not median.get("learner_tflops"):
         return ""
     mfu = f", MFU {100 * median['mfu']:.1f} % of the cards' dense bf16 peak" if median.get("mfu") else ""
-    return f" Learner {median['learner_tflops']:.3g} TFLOP/s of model FLOPs (6·N·T){mfu}."
+    peak = f", {median['learner_peak_gib']:.1f} GiB at most on its GPU" if median.get("learner_peak_gib") else ""
+    return f" Learner {median['learner_tflops']:.3g} TFLOP/s of model FLOPs (6·N·T){mfu}{peak}."
 
 
 def _step_against_stages(median: dict) -> str:

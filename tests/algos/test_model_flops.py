@@ -2,7 +2,7 @@
 parameters (an untied input embedding left out), 4·N·T under LoRA; on a CPU (no peak) only TFLOP/s."""
 import pytest
 
-from rlfarm.algos.model_flops import UpdateFlops, matrix_params
+from rlfarm.algos.model_flops import UpdateFigures, matrix_params
 from rlfarm.models.lm import causal_lm
 from rlfarm.telemetry.summary import _learner_work
 
@@ -22,13 +22,14 @@ def test_matrix_parameters_leave_out_an_untied_input_embedding_and_norms():
 def test_mfu_is_six_n_t_over_time_and_the_ranks_peak_and_lora_counts_four():
     model = causal_lm({**TINY, "tie_word_embeddings": False})
     n = matrix_params(model)
-    two_cards = UpdateFlops(model, "cpu", world_size=2, peak_tflops=1e-6)  # a peak of 1 MFLOP/s a card
+    two_cards = UpdateFigures(model, "cpu", world_size=2, peak_tflops=1e-6)  # a peak of 1 MFLOP/s a card
     figures = two_cards.of(tokens=1000, seconds=2.0)
     assert figures["learner_tflops"] == pytest.approx(6 * n * 1000 / 2.0 / 1e12)
     assert figures["mfu"] == pytest.approx(6 * n * 1000 / 2.0 / 2e6)
     lora = causal_lm({**TINY, "tie_word_embeddings": False}, lora={"r": 2, "alpha": 4, "target_modules": ["q_proj"]})
-    assert UpdateFlops(lora, "cpu").flops_per_token == 4 * matrix_params(lora)  # the frozen base's weight grads skipped
-    on_cpu = UpdateFlops(model, "cpu").of(tokens=1000, seconds=2.0)
-    assert on_cpu["mfu"] is None and on_cpu["learner_tflops"] > 0  # a CPU has no peak in the table
+    assert UpdateFigures(lora, "cpu").flops_per_token == 4 * matrix_params(lora)  # the frozen base's weight grads skipped
+    on_cpu = UpdateFigures(model, "cpu").of(tokens=1000, seconds=2.0)
+    assert on_cpu["mfu"] is None and on_cpu["learner_peak_gib"] is None and on_cpu["learner_tflops"] > 0  # no card
     assert _learner_work({"learner_tflops": 0.00123}) == " Learner 0.00123 TFLOP/s of model FLOPs (6·N·T)."
-    assert "MFU 41.5 %" in _learner_work({"learner_tflops": 410.0, "mfu": 0.415})
+    line = _learner_work({"learner_tflops": 410.0, "mfu": 0.415, "learner_peak_gib": 61.2})
+    assert "MFU 41.5 % of the cards' dense bf16 peak, 61.2 GiB at most on its GPU" in line

@@ -1,0 +1,115 @@
+"""The GPU memory an LLM run's roles will hold, from the model's shape and the run's sizes, before anything starts
+(issue 37): `rlfarm plan` prints it per role and per GPU, and `rlfarm train` refuses in one line a role whose
+estimate is larger than the card the driver sees (`run.memory_check=false` skips the check).
+
+An estimate from formulas, not a measurement (GiB = 2^30 bytes):
+- learner state: fp32 weights, fp32 gradients and AdamW's two fp32 moments, 16 B per trained parameter (under LoRA
+  4 B per frozen one), over the ranks under FSDP;
+- learner work: activations kept for the backward pass, ~34 B × hidden per token and layer in bf16 (Korthikanti et
+  al. 2022 without recomputation; attention's s² scores are not kept by SDPA); the head's logits ×3 in fp32
+  (logits, log-softmax, their gradient), at most `LOGIT_BUDGET` elements at once where the head runs in chunks
+  (one learner: `rlfarm.models.lm.sequence_logprobs`); under FSDP two blocks gathered in fp32 (one prefetched);
+- engine: its weights in the run's dtype, the KV cache (slots × (prompt + cap) tokens × layers × 2 × kv heads ×
+  head dim) and one decode step's fp32 logits.
+Colocated engines release their KV cache while the learner trains (`EngineRole.sleep`): a GPU's peak is then the
+larger of its generate and train phases."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+GIB = 2 ** 30
+# Elements of fp32 logits that exist at once where the head runs in chunks (256 MB; `rlfarm.models.lm`): a 7B
+# policy's whole step, 256 × 1,280 tokens × a 152k vocabulary, would be ~200 GB. Here so that the plan needs no torch.
+LOGIT_BUDGET = 1 << 26
+ACTIVATION_BYTES = 34  # per hidden unit, token and layer, bf16, no recomputation (Korthikanti et al. 2022)
+
+
+@dataclass(frozen=True)
+class LMShape:
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool
+
+    @property
+    def block_params(self) -> int:
+        """One decoder block: q, k, v (with biases), o, the gated MLP's three matrices, two norms."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return self.hidden * (q + 2 * kv) + q + 2 * kv + q * self.hidden + 3 * self.hidden * self.intermediate \
+            + 2 * self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.block_params + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_dim * dtype_bytes
+
+
+def lm_shape(config: Mapping, vocab: int | None = None) -> LMShape:
+    """An HF causal-LM config (dict or PretrainedConfig fields); `vocab` overrides its vocabulary (the roles size a
+    built model's to the task's tokenizer)."""
+    get = config.get if isinstance(config, Mapping) else lambda key, default=None: getattr(config, key, default)
+    heads = int(get("num_attention_heads"))
+    return LMShape(vocab=int(vocab or get("vocab_size")), hidden=int(get("hidden_size")),
+                   intermediate=int(get("intermediate_size")), layers=int(get("num_hidden_layers")), heads=heads,
+                   kv_heads=int(get("num_key_value_heads") or heads),
+                   head_dim=int(get("head_dim") or int(get("hidden_size")) // heads),
+                   tied=bool(get("tie_word_embeddings", False)))
+
+
+def learner_bytes(shape: LMShape, *, ranks: int, fsdp: bool, tokens: int, lora_params: int = 0) -> dict[str, float]:
+    """One learner rank's terms (bytes): state, activations, logits, gathered; `tokens` of one micro-batch."""
+    shards = ranks if fsdp else 1
+    state = (4 * shape.params + 16 * lora_params) if lora_params else 16 * shape.params
+    chunked = ranks == 1  # a DDP/FSDP wrapper's forward runs the whole head (rlfarm.models.lm.decoder_and_head)
+    logits = tokens * shape.vocab if not chunked else min(tokens * shape.vocab, LOGIT_BUDGET)
+    return {"state": state / shards, "activations": ACTIVATION_BYTES * shape.hidden * shape.layers * tokens,
+            "logits": 3 * 4 * logits, "gathered": 2 * 4 * shape.block_params if fsdp and ranks > 1 else 0}
+
+
+def engine_bytes(shape: LMShape, *, slots: int, cache_tokens: int, dtype_bytes: int) -> dict[str, float]:
+    """One engine's terms (bytes): weights, kv_cache, logits."""
+    cache = slots * cache_tokens * shape.kv_bytes_per_token(dtype_bytes)
+    return {"weights": dtype_bytes * shape.params, "kv_cache": cache, "logits": 4 * slots * shape.vocab}
+
+
+def describe(terms: Mapping[str, float]) -> str:
+    """'12.3 GiB = state 10.0 + activations 2.3' (terms under 0.05 GiB left out)."""
+    shown = " + ".join(f"{name.replace('_', ' ')} {value / GIB:.1f}" for name, value in terms.items()
+                       if value >= 0.05 * GIB)
+    return f"{sum(terms.values()) / GIB:.1f} GiB" + (f" = {shown}" if shown else "")
+
+
+def gpu_peaks(roles: Iterable[tuple[str, tuple, Mapping[str, float]]]) -> dict[tuple, float]:
+    """Per GPU (any hashable key: node and GPU id), the peak bytes of the roles on it: (role kind, gpu, terms).
+    Where a learner shares the GPU, its engines' KV caches are released while it trains: max(generate, train)."""
+    on: dict[tuple, list] = {}
+    for kind, gpu, terms in roles:
+        on.setdefault(gpu, []).append((kind, terms))
+    peaks = {}
+    for gpu, held in on.items():
+        engines = [terms for kind, terms in held if kind == "engine"]
+        learners = [terms for kind, terms in held if kind == "learner"]
+        resident = sum(t["weights"] for t in engines) + sum(t["state"] + t["gathered"] for t in learners)
+        generate = resident + sum(t["kv_cache"] + t["logits"] for t in engines)
+        train = resident + sum(t["activations"] + t["logits"] for t in learners)
+        peaks[gpu] = max(generate, train) if learners else generate
+    return peaks
+
+
+def measured_peak_gib(device: str) -> float | None:
+    """The most memory this process's tensors held on its CUDA device since the last call (GiB; None on a CPU):
+    the measurement an estimate here is checked against."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    peak = torch.cuda.max_memory_allocated(device) / GIB
+    torch.cuda.reset_peak_memory_stats(device)
+    return peak
