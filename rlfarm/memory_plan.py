@@ -5,10 +5,10 @@ estimate is larger than the card the driver sees (`run.memory_check=false` skips
 An estimate from formulas, not a measurement (GiB = 2^30 bytes):
 - learner state: fp32 weights, fp32 gradients and AdamW's two fp32 moments, 16 B per trained parameter (under LoRA
   4 B per frozen one), over the ranks under FSDP;
-- learner work: activations kept for the backward pass, ~34 B × hidden per token and layer in bf16 (Korthikanti et
-  al. 2022 without recomputation; attention's s² scores are not kept by SDPA); the head's logits ×3 in fp32
-  (logits, log-softmax, their gradient), at most `LOGIT_BUDGET` elements at once where the head runs in chunks
-  (one learner: `rlfarm.models.lm.sequence_logprobs`); under FSDP two blocks gathered in fp32 (one prefetched);
+- learner work: activations kept for the backward pass, `ACTIVATION_BYTES` × hidden per token and layer (below);
+  autocast's bf16 copies of the weights, 2 B per parameter; the head's logits ×3 in fp32 (logits, log-softmax,
+  their gradient), at most `LOGIT_BUDGET` elements at once where the head runs in chunks (one learner:
+  `rlfarm.models.lm.sequence_logprobs`); under FSDP two blocks gathered in fp32 (one prefetched);
 - engine: its weights in the run's dtype, the KV cache (slots × (prompt + cap) tokens × layers × 2 × kv heads ×
   head dim) and one decode step's fp32 logits.
 Colocated engines release their KV cache while the learner trains (`EngineRole.sleep`): a GPU's peak is then the
@@ -22,7 +22,11 @@ GIB = 2 ** 30
 # Elements of fp32 logits that exist at once where the head runs in chunks (256 MB; `rlfarm.models.lm`): a 7B
 # policy's whole step, 256 × 1,280 tokens × a 152k vocabulary, would be ~200 GB. Here so that the plan needs no torch.
 LOGIT_BUDGET = 1 << 26
-ACTIVATION_BYTES = 34  # per hidden unit, token and layer, bf16, no recomputation (Korthikanti et al. 2022)
+# Activations kept per hidden unit, token and layer by an HF decoder under bf16 autocast, no recomputation: measured,
+# not the 34 B of Megatron's fused kernels (Korthikanti et al. 2022). One H200, experiment=grpo_long_tail (1.5B
+# shape, 16 rows × 1,058 tokens a micro-batch): the learner's peak was 81.0 GiB, of which state 19.5 and autocast's
+# weight copies 2.9; the rest over tokens × hidden × layers is 86 B. Rounded up: an estimate should not promise room.
+ACTIVATION_BYTES = 88
 
 
 @dataclass(frozen=True)
@@ -64,13 +68,15 @@ def lm_shape(config: Mapping, vocab: int | None = None) -> LMShape:
 
 
 def learner_bytes(shape: LMShape, *, ranks: int, fsdp: bool, tokens: int, lora_params: int = 0) -> dict[str, float]:
-    """One learner rank's terms (bytes): state, activations, logits, gathered; `tokens` of one micro-batch."""
+    """One learner rank's terms (bytes): state, activations, autocast, logits, gathered; `tokens` of one
+    micro-batch."""
     shards = ranks if fsdp else 1
     state = (4 * shape.params + 16 * lora_params) if lora_params else 16 * shape.params
     chunked = ranks == 1  # a DDP/FSDP wrapper's forward runs the whole head (rlfarm.models.lm.decoder_and_head)
     logits = tokens * shape.vocab if not chunked else min(tokens * shape.vocab, LOGIT_BUDGET)
     return {"state": state / shards, "activations": ACTIVATION_BYTES * shape.hidden * shape.layers * tokens,
-            "logits": 3 * 4 * logits, "gathered": 2 * 4 * shape.block_params if fsdp and ranks > 1 else 0}
+            "autocast": 2 * shape.params / shards, "logits": 3 * 4 * logits,
+            "gathered": 2 * 4 * shape.block_params if fsdp and ranks > 1 else 0}
 
 
 def engine_bytes(shape: LMShape, *, slots: int, cache_tokens: int, dtype_bytes: int) -> dict[str, float]:
@@ -98,7 +104,7 @@ def gpu_peaks(roles: Iterable[tuple[str, tuple, Mapping[str, float]]]) -> dict[t
         learners = [terms for kind, terms in held if kind == "learner"]
         resident = sum(t["weights"] for t in engines) + sum(t["state"] + t["gathered"] for t in learners)
         generate = resident + sum(t["kv_cache"] + t["logits"] for t in engines)
-        train = resident + sum(t["activations"] + t["logits"] for t in learners)
+        train = resident + sum(t["activations"] + t["autocast"] + t["logits"] for t in learners)
         peaks[gpu] = max(generate, train) if learners else generate
     return peaks
 

@@ -36,7 +36,7 @@ def test_learner_state_is_16_bytes_a_parameter_sharded_and_lora_keeps_4_for_the_
 
 def test_a_colocated_gpu_peaks_at_the_larger_phase_its_engines_release_the_cache_to_train():
     shape = lm_shape(QWEN)
-    learner = {"state": 10.0, "activations": 5.0, "logits": 1.0, "gathered": 0.0}
+    learner = {"state": 10.0, "activations": 4.0, "autocast": 1.0, "logits": 1.0, "gathered": 0.0}
     engine = {"weights": 3.0, "kv_cache": 4.0, "logits": 0.5}
     peaks = gpu_peaks([("learner", "a", learner), ("engine", "a", engine), ("engine", "b", engine)])
     assert peaks == {"a": max(10 + 3 + 4 + 0.5, 10 + 3 + 5 + 1), "b": 7.5}
