@@ -1,0 +1,100 @@
+"""`rlfarm bench lm_learner`: the LLM learner's update (issue 37) — GRPO's `update_policy`, as the learner role
+runs it (fp32 weights and AdamW, bf16 autocast on CUDA, micro-batches), on a synthetic step: `rows` samples of
+random tokens, `prompt_len`-token prompts and responses of lengths drawn uniformly in [cap/4, cap], right-padded.
+
+Rows:
+- `matmul nN` (the baseline): an N × N × N product in the run's dtype, TFLOP/s — what this card reaches at best;
+- `lm update`: model TFLOP/s of the update (6·N·T over the real tokens, `rlfarm.algos.model_flops`; padding and
+  the loss's own work are what it loses), with `ratio` = that over the matmul's, `mfu` over the card's dense bf16
+  peak (`rlfarm.cards`), tokens/s, and on CUDA `peak_gib` (the update's peak memory) beside `estimate_gib`, the
+  learner's estimate from `rlfarm.memory_plan` for the same sizes (what `rlfarm plan` prints and `rlfarm train`
+  checks).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from omegaconf import DictConfig
+
+from rlfarm.algos.grpo_lm import GRPOConfig, update_policy
+from rlfarm.algos.model_flops import UpdateFigures
+from rlfarm.bench.common import sizes, synchronize, use_cpu_threads
+from rlfarm.bench.engine import model_shape
+from rlfarm.data import Rollout
+from rlfarm.memory_plan import GIB, learner_bytes, lm_shape
+from rlfarm.models.lm import build_causal_lm, compute_dtype
+
+log = logging.getLogger("rlfarm")
+UPDATE = "lm update"
+
+
+def run(cfg: DictConfig, device: str) -> list[dict]:
+    size = sizes(cfg, device)
+    use_cpu_threads(cfg, device)
+    torch.manual_seed(int(cfg.seed))
+    shape = model_shape(cfg.get("shape"), size.model)
+    with torch.device(device):
+        model = build_causal_lm(shape)  # fp32 weights, as the learner role holds them
+    dtype = compute_dtype(str(cfg.dtype), device)
+    rows, micro = int(size.rows), int(size.micro_batch_size)
+    prompt_len, cap = int(size.prompt_len), int(size.response_len)
+    rollout = synthetic_step(rows, prompt_len, cap, int(shape["vocab_size"]), int(cfg.seed), device)
+    tokens = int(rollout.attention_mask().sum())
+    algo = GRPOConfig(prompts_per_step=rows, group_size=1, micro_batch_size=micro, lr=1e-6, device=device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=algo.lr, weight_decay=0.0)
+    advantages = torch.randn(rows, generator=torch.Generator().manual_seed(int(cfg.seed))).to(device)
+    figures = UpdateFigures(model, device)
+
+    def update() -> float:
+        synchronize(device)
+        started = time.perf_counter()
+        update_policy(model, optimizer, rollout, advantages, algo, compute_dtype=dtype)
+        synchronize(device)
+        return time.perf_counter() - started
+
+    update()  # untimed: the allocator, cuBLAS and autocast's caches settle
+    figures.of(tokens, 1.0)  # resets the peak-memory counter: the timed updates' own peak is read below
+    seconds = sorted(update() for _ in range(int(size.repeats)))[int(size.repeats) // 2]
+    measured = figures.of(tokens, seconds)
+    estimate = learner_bytes(lm_shape(shape), ranks=1, fsdp=False, tokens=micro * (prompt_len + cap))
+    n = int(size.matmul)
+    matmul = {"case": f"matmul n{n}", "value": matmul_tflops(n, dtype, device), "unit": "TFLOP/s", "baseline": None}
+    row = {"case": UPDATE, "value": measured["learner_tflops"], "unit": "TFLOP/s", "baseline": matmul["case"],
+           "mfu": measured["mfu"], "tokens_per_s": round(tokens / seconds), "update_s": round(seconds, 4),
+           "rows": rows, "micro_batch_size": micro, "real_tokens": tokens, "padded_tokens": rows * (prompt_len + cap),
+           "peak_gib": None if measured["learner_peak_gib"] is None else round(measured["learner_peak_gib"], 2),
+           "estimate_gib": round(sum(estimate.values()) / GIB, 2)}
+    log.info("%s: %.3g TFLOP/s of model FLOPs (%s), %.2f s an update, peak %s GiB (estimate %s)", UPDATE, row["value"],
+             "MFU n/a" if row["mfu"] is None else f"MFU {100 * row['mfu']:.1f} %", seconds, row["peak_gib"],
+             row["estimate_gib"])
+    return [matmul, row]
+
+
+def synthetic_step(rows: int, prompt_len: int, cap: int, vocab: int, seed: int, device: str) -> Rollout:
+    """`rows` samples: full prompts of random tokens, responses of lengths uniform in [cap/4, cap], right-padded."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(max(1, cap // 4), cap + 1, (rows,), generator=generator)
+    response_mask = (torch.arange(cap)[None] < lengths[:, None]).long()
+    response = torch.randint(1, vocab, (rows, cap), generator=generator) * response_mask
+    prompt = torch.randint(1, vocab, (rows, prompt_len), generator=generator)
+    on = lambda tensor: tensor.to(device)  # noqa: E731
+    return Rollout(prompt_ids=on(prompt), prompt_mask=on(torch.ones_like(prompt)), response_ids=on(response),
+                   response_mask=on(response_mask), logprobs=on(-torch.rand(rows, cap, generator=generator)),
+                   group_size=1, temperature=1.0, weight_version=0)
+
+
+def matmul_tflops(n: int, dtype: torch.dtype, device: str, repeats: int = 10) -> float:
+    """TFLOP/s of an n × n × n product in `dtype`, the median of `repeats` after one warm-up."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    times = []
+    for i in range(repeats + 1):
+        synchronize(device)
+        started = time.perf_counter()
+        a @ b
+        synchronize(device)
+        if i:
+            times.append(time.perf_counter() - started)
+    return 2 * n ** 3 / sorted(times)[len(times) // 2] / 1e12

@@ -1,0 +1,22 @@
+"""`rlfarm bench lm_learner` (issue 37): the LLM learner's update on a synthetic step, in model TFLOP/s beside a
+matmul of the same run, with its tokens/s and the memory estimate (tiny sizes on CPU: MFU and peak memory need a
+card)."""
+import json
+
+import pytest
+
+from helpers import rlfarm
+
+
+def test_bench_lm_learner_on_cpu_times_the_update_against_a_matmul(tmp_path):
+    out = rlfarm("bench", "lm_learner", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "bench.json").read_text())
+    matmul, update = result["rows"]
+    assert result["bench"] == "lm_learner" and matmul["case"] == "matmul n256" and matmul["value"] > 0
+    assert update["case"] == "lm update" and update["baseline"] == "matmul n256" and update["unit"] == "TFLOP/s"
+    assert update["ratio"] == pytest.approx(update["value"] / matmul["value"])
+    # 8 rows of 8 prompt tokens and 4-16 response tokens: the padding is counted apart, not as work
+    assert 8 * (8 + 4) <= update["real_tokens"] < update["padded_tokens"] == 8 * (8 + 16)
+    assert update["tokens_per_s"] > 0 and update["update_s"] > 0
+    assert update["mfu"] is None and update["peak_gib"] is None and update["estimate_gib"] >= 0  # a CPU has no card
