@@ -10,10 +10,10 @@ merges the splits. Grouped-query: a program loads its kv head's K/V block once f
 (padded to 16 rows, the smallest tensor-core tile).
 
 Visibility is the cache's own `key_valid` mask (left padding of prompts, stale columns of an ended sample),
-loaded per block beside K: the same columns the matmul path masks. Registered as the custom op
-`rlfarm::decode_attention` so torch.compile treats it as one opaque call and CUDA graphs capture its two
-launches. Triton ships with CUDA builds of torch, not CPU ones: `available()` says whether it can run (its CPU test
-runs under `TRITON_INTERPRET=1` where Triton is installed)."""
+loaded per block beside K: the same columns the matmul path masks. The decoder calls it, with the cache write,
+through `write_and_attend`, which torch.compile leaves out of its graph; CUDA graphs capture its two launches.
+Triton ships with CUDA builds of torch, not CPU ones: `available()` says whether it can run (it also runs under
+`TRITON_INTERPRET=1` where Triton is installed)."""
 from __future__ import annotations
 
 import os
@@ -107,7 +107,6 @@ if triton is not None:
                  (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=real)
 
 
-@torch.library.custom_op("rlfarm::decode_attention", mutates_args=())
 def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, key_valid: torch.Tensor,
                      column: torch.Tensor, groups: int, scaling: float) -> torch.Tensor:
     """query [B, heads, 1, D] (heads = kv_heads × groups), keys/values [B, kv_heads, S, D] (views of the cache,
@@ -136,18 +135,13 @@ def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     return out
 
 
-@decode_attention.register_fake
-def _(query, keys, values, key_valid, column, groups, scaling):
-    return query.new_empty((query.shape[0], 1, query.shape[1] * query.shape[3]))
-
-
 @torch.compiler.disable
 def write_and_attend(keys: torch.Tensor, values: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      query: torch.Tensor, key_valid: torch.Tensor, column: torch.Tensor, groups: int,
                      scaling: float) -> torch.Tensor:
     """Write each row's new key/value [B, kv_heads, D] into its column of the cache views, then attend
-    (`decode_attention`). Outside torch.compile on purpose: inside, inductor copied the written cache into a new
-    buffer for the opaque kernel, per layer and step (8.9 ms of a 20.8 ms 7B step on an H200)."""
+    (`decode_attention`). Outside torch.compile on purpose: inside (as an opaque custom op), inductor copied the
+    written cache into a new buffer for it per layer and step, 8.9 ms of a 20.8 ms 7B step on an H200."""
     rows = torch.arange(keys.shape[0], device=keys.device)
     keys[rows, :, column] = key
     values[rows, :, column] = value
