@@ -71,8 +71,10 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
     rows = []
     # on CUDA the steps attend through the per-row kernel (rlfarm.engines.decode_attention); the same cases through
     # the masked matmuls it replaced (MATMUL rows) show what it adds
-    matmul = [(f"{REFILL} {MATMUL}", True, "matmul")] if engine._static.row_kernel else []
-    for case, refill, attention in ((FIXED, False, "auto"), (REFILL, True, "auto"), *matmul):
+    kernel = engine._static.row_kernel
+    cases = [(FIXED, False, "auto"), (REFILL, True, "auto")]
+    cases += [(f"{REFILL} {MATMUL}", True, "matmul")] if kernel else []
+    for case, refill, attention in cases:
         engine.refill, engine.lengths, engine._static.attention = refill, lengths, attention
         engine.generate(ids[:slots], 1, min(cap, 64), eos_id=end)  # warm-up: compile, cuBLAS, the allocator
         engine.prepare(prompts, n, prompt_len, cap, eos_id=end)  # the timed call's graphs, captured ahead
@@ -86,15 +88,15 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
         log.info("%s: %.0f useful tok/s (%d decode steps)", case, useful / seconds, calls.decode_steps)
     engine.refill, engine.lengths = False, None  # every row to the cap: the decode step at full batch
     step, buckets_on = f"{STEP} b{slots}", engine._static.context_step
-    steps = [(step, buckets_on, "auto"), *[(f"{step} {MATMUL}", buckets_on, "matmul")] * bool(matmul),
-             (f"{step} {WHOLE_ROW}", None, "matmul")]
+    steps = ([(step, buckets_on, "auto")] + ([(f"{step} {MATMUL}", buckets_on, "matmul")] if kernel else [])
+             + [(f"{step} {WHOLE_ROW}", None, "matmul")])
     step_rows, batch = [], (ids * -(-slots // len(ids)))[:slots]  # a full batch of prompts, repeated if few
     for case, context_step, attention in steps:
         engine._static.context_step, engine._static.attention = context_step, attention
         step_rows.append(decode_step_row(engine, model, cfg, device, batch, case))
     first, whole = step_rows[0], step_rows[-1]
     first |= {"baseline": whole["case"], "speedup": round(whole["value"] / first["value"], 3)}
-    if matmul:
+    if kernel:
         first["vs_matmul"] = round(step_rows[1]["value"] / first["value"], 3)
     engine._static.context_step, engine._static.attention = buckets_on, "auto"
     if profile_steps:

@@ -23,7 +23,7 @@ from rlfarm.algos.model_flops import UpdateFigures
 from rlfarm.bench.common import sizes, synchronize, use_cpu_threads
 from rlfarm.bench.engine import model_shape
 from rlfarm.data import Rollout
-from rlfarm.memory_plan import GIB, learner_bytes, lm_shape
+from rlfarm.memory_plan import GIB, learner_bytes, lm_shape, measured_peak_gib
 from rlfarm.models.lm import build_causal_lm, compute_dtype
 
 log = logging.getLogger("rlfarm")
@@ -55,7 +55,7 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
         return time.perf_counter() - started
 
     update()  # untimed: the allocator, cuBLAS and autocast's caches settle
-    figures.of(tokens, 1.0)  # resets the peak-memory counter: the timed updates' own peak is read below
+    measured_peak_gib(device)  # reads and resets the peak: `figures.of` below reads the timed updates' own
     seconds = sorted(update() for _ in range(int(size.repeats)))[int(size.repeats) // 2]
     measured = figures.of(tokens, seconds)
     estimate = learner_bytes(lm_shape(shape), ranks=1, fsdp=False, tokens=micro * (prompt_len + cap))
