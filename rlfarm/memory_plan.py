@@ -7,8 +7,10 @@ An estimate from formulas, not a measurement (GiB = 2^30 bytes):
   4 B per frozen one), over the ranks under FSDP;
 - learner work: activations kept for the backward pass, `ACTIVATION_BYTES` × hidden per token and layer (below);
   autocast's bf16 copies of the weights, 2 B per parameter; the head's logits ×3 in fp32 (logits, log-softmax,
-  their gradient), at most `LOGIT_BUDGET` elements at once where the head runs in chunks (one learner:
-  `rlfarm.models.lm.sequence_logprobs`); under FSDP two blocks gathered in fp32 (one prefetched);
+  their gradient), at most `LOGIT_BUDGET` elements at once (the head runs in chunks:
+  `rlfarm.models.lm.ScoringHead`); under FSDP two blocks gathered in fp32 (one prefetched); with activation
+  checkpointing, each block's fp32 input per token instead, and one block's activations; under FSDP, rank 0's
+  whole bf16 copy of the trainable weights that it publishes;
 - engine: its weights in the run's dtype, the KV cache (slots × (prompt + cap) tokens × layers × 2 × kv heads ×
   head dim) and one decode step's fp32 logits.
 Colocated engines release their KV cache while the learner trains (`EngineRole.sleep`): a GPU's peak is then the
@@ -67,16 +69,21 @@ def lm_shape(config: Mapping, vocab: int | None = None) -> LMShape:
                    tied=bool(get("tie_word_embeddings", False)))
 
 
-def learner_bytes(shape: LMShape, *, ranks: int, fsdp: bool, tokens: int, lora_params: int = 0) -> dict[str, float]:
+def learner_bytes(shape: LMShape, *, ranks: int, fsdp: bool, tokens: int, lora_params: int = 0,
+                  recompute: bool = False) -> dict[str, float]:
     """One learner rank's terms (bytes): state, activations, autocast, logits, gathered; `tokens` of one
-    micro-batch."""
+    micro-batch. `recompute` (activation checkpointing): each block keeps only its fp32 input, and one block's
+    activations exist at once, while it is recomputed."""
     shards = ranks if fsdp else 1
     state = (4 * shape.params + 16 * lora_params) if lora_params else 16 * shape.params
-    chunked = ranks == 1  # a DDP/FSDP wrapper's forward runs the whole head (rlfarm.models.lm.decoder_and_head)
-    logits = tokens * shape.vocab if not chunked else min(tokens * shape.vocab, LOGIT_BUDGET)
-    return {"state": state / shards, "activations": ACTIVATION_BYTES * shape.hidden * shape.layers * tokens,
+    logits = min(tokens * shape.vocab, LOGIT_BUDGET)  # the head runs in chunks (rlfarm.models.lm.ScoringHead)
+    per_layer = ACTIVATION_BYTES * shape.hidden * tokens
+    activations = (4 * shape.hidden * tokens * shape.layers + per_layer) if recompute else per_layer * shape.layers
+    return {"state": state / shards, "activations": activations,
             "autocast": 2 * shape.params / shards, "logits": 3 * 4 * logits,
-            "gathered": 2 * 4 * shape.block_params if fsdp and ranks > 1 else 0}
+            "gathered": 2 * 4 * shape.block_params if fsdp and ranks > 1 else 0,
+            # under FSDP rank 0 keeps the whole trainable weights, gathered in bf16, to publish (counted on each rank)
+            "publish_copy": 2 * (lora_params or shape.params) if fsdp and ranks > 1 else 0}
 
 
 def engine_bytes(shape: LMShape, *, slots: int, cache_tokens: int, dtype_bytes: int) -> dict[str, float]:
@@ -102,7 +109,8 @@ def gpu_peaks(roles: Iterable[tuple[str, tuple, Mapping[str, float]]]) -> dict[t
     for gpu, held in on.items():
         engines = [terms for kind, terms in held if kind == "engine"]
         learners = [terms for kind, terms in held if kind == "learner"]
-        resident = sum(t["weights"] for t in engines) + sum(t["state"] + t["gathered"] for t in learners)
+        resident = sum(t["weights"] for t in engines) + sum(t["state"] + t["gathered"] + t.get("publish_copy", 0)
+                                                            for t in learners)
         generate = resident + sum(t["kv_cache"] + t["logits"] for t in engines)
         train = resident + sum(t["activations"] + t["autocast"] + t["logits"] for t in learners)
         peaks[gpu] = max(generate, train) if learners else generate

@@ -162,6 +162,8 @@ class GRPOSchema(GroupPolicySchema):
     filter_groups: bool
     advantage: Advantage
     micro_batch_size: Optional[int]
+    micro_batch_tokens: Optional[int]
+    activation_checkpointing: bool
     data_parallel: DataParallel
     weight_sync: WeightSync
     target_reward: Optional[float]

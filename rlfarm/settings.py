@@ -30,6 +30,7 @@ RANGES = {
     **dict.fromkeys(("lr", "actor_lr", "critic_lr", "utd_ratio", "clip_eps", "value_clip_eps", "value_clip",
                      "target_kl", "max_grad_norm", "temperature", "batch_size", "buffer_size", "chunk_steps",
                      "credits", "publish_every", "rollout_steps", "epochs", "minibatches", "micro_batch_size",
+                     "micro_batch_tokens",
                      "prompts_per_step", "group_size", "groups_per_update", "max_new_tokens", "max_updates", "batch_chunks",
                      "rho_bar", "c_bar"),
                     POSITIVE),

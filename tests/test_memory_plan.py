@@ -57,7 +57,31 @@ def test_a_7b_learner_on_one_card_is_refused_in_one_line_and_the_check_can_be_sk
     LLM.check_plan(compose("train", [*args, "run.memory_check=false"]), plan)  # skipped: no error
     LLM.check_plan(compose("train", ["experiment=grpo_long_tail"]), plan)  # the 1.5B shape fits
     lines = LLM.memory_lines(cfg, plan)
-    assert lines[1].startswith("  learner (each of 1): ") and "state 97.2" in lines[1]  # 6.5B params × 16 B
+    assert lines[1].startswith("  learner (each of 1): ") and "state 113.5" in lines[1]  # 7.6B params × 16 B
     assert lines[-1].startswith("  GPU 0 of pool shared: peak ") and "DOES NOT FIT" in lines[-1]
     monkeypatch.setattr(llm_memory, "visible_card_bytes", lambda: None)  # a CPU driver: nothing to check against
     LLM.check_plan(cfg, plan)
+
+
+def test_a_shape_keeps_its_own_vocabulary_only_when_asked_and_a_wrong_choice_is_one_line():
+    from rlfarm.envs.text_tasks import DigitTokenizer
+    from rlfarm.loops.llm import grpo_config
+
+    shape = compose("train", ["experiment=grpo_long_tail"])  # model.vocab=shape: the head's real cost
+    assert grpo_config(shape).vocab_size == 151_936 == llm_memory.model_shape(shape).vocab
+    task = compose("train", ["experiment=grpo_long_tail", "model.vocab=task"])
+    assert grpo_config(task).vocab_size is None and llm_memory.model_shape(task).vocab == DigitTokenizer().vocab_size
+    with pytest.raises(ConfigError, match="model.vocab must be task or shape, got 'all'"):
+        grpo_config(compose("train", ["experiment=grpo_long_tail", "model.vocab=all"]))
+    assert DigitTokenizer().decode([1, 5, 20_000, 2]) == "^2?$"  # a sampled id past the tokenizer's 15
+
+
+def test_the_7b_experiment_plans_to_fit_two_and_four_h200s(monkeypatch):
+    """experiment=grpo_7b_shape: FSDP ranks, blocks recomputed, 16k-token pieces, the head in chunks."""
+    monkeypatch.setattr(llm_memory, "visible_card_bytes", lambda: 141.0 * GIB)
+    for topology, gpus in (("colocated_2", 2), ("colocated_4", 4), ("split_2_2", 4)):
+        cfg = compose("train", ["experiment=grpo_7b_shape", f"topology={topology}"])
+        plan = plan_topology(cfg.topology, LLM)
+        LLM.check_plan(cfg, plan)  # no error: it fits
+        lines = LLM.memory_lines(cfg, plan)
+        assert sum(line.startswith("  GPU ") for line in lines) == gpus, lines

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from rlfarm.algos.grpo import grpo_loss
-from rlfarm.algos.micro_batches import padded_pieces, piece_rows
+from rlfarm.algos.micro_batches import padded_pieces, piece_rows, row_spans, token_pieces
 from rlfarm.algos.ppo import approx_kl, clip_fraction, masked_mean
 from rlfarm.data import Rollout
 from rlfarm.data_parallel import full_value, gradient_sync
@@ -37,6 +37,7 @@ class GRPOConfig:
     num_digits: int = 4
     # a config dict (built from scratch; vocab_size comes from the task's tokenizer) or a hub id / folder to load
     model: Mapping[str, Any] | str = field(default_factory=lambda: dict(TINY_QWEN2))
+    vocab_size: int | None = None  # a built model's vocabulary rows; None: the task tokenizer's (model.vocab)
     lora: Mapping[str, Any] | None = None
     verifier: str = "partial_credit"
     prompts_per_step: int = 32    # this and lr, minibatches: the digit-task figures in docs/benchmarks.md
@@ -54,6 +55,9 @@ class GRPOConfig:
     minibatches: int = 1          # optimizer steps per rollout
     micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None: a whole minibatch
                                          # of a step that kept every group
+    micro_batch_tokens: int | None = None  # instead: pieces of at most this many tokens, rows sorted by length, each
+                                           # computing only its own columns (`micro_batches.token_pieces`)
+    activation_checkpointing: bool = False  # recompute each decoder block's activations in the backward pass
     data_parallel: str = "ddp"    # a learner of > 1 GPUs: ddp (whole model per rank) | fsdp (weights, grads, AdamW sharded)
     advantage: str = "grpo"       # grpo: group-normalized rewards | gae: a critic and token-level GAE (algo=ppo_lm)
     gamma: float = 1.0            # gae only: discount over response tokens
@@ -78,7 +82,9 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
     minibatch is cut into add up to exactly its gradient:
     - gradient accumulation (`cfg.micro_batch_size` rows per forward/backward, one optimizer step), in pieces of one
       size whatever the number of rows the step kept, the last padded with zero-weight rows
-      (`rlfarm.algos.micro_batches`: a new shape costs a GPU far more than the padding);
+      (`rlfarm.algos.micro_batches`: a new shape costs a GPU far more than the padding); or, with
+      `cfg.micro_batch_tokens`, pieces of at most that many tokens, the rows sorted by length and each piece cut to
+      its own columns (long-tail lengths: no compute on the longest row's padding);
     - data parallel (world_size > 1, `model` under DDP or FSDP, see rlfarm/data_parallel.py): every rank holds the
       whole rollout, uses rank 0's permutation and takes its shard of each minibatch; its loss is multiplied by
       N (the gradients are averaged over the ranks), and the metrics are summed over the ranks.
@@ -113,40 +119,41 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
     if world_size > 1:
         import torch.distributed as dist
 
-        from rlfarm.data_parallel import shard_rows
-
         dist.broadcast(order, src=0)  # one permutation for all ranks, whatever their generators hold
     model.train()
     totals = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.0}
+    spans = row_spans(attention_mask).tolist() if cfg.micro_batch_tokens else None
     for index, rows in enumerate(order.chunk(cfg.minibatches)):
         num_tokens = response_mask[rows].sum().float()  # the whole minibatch's: every term's denominator
-        if world_size > 1:
-            mine, weights = shard_rows(rows, rank, world_size)
-        else:
-            mine, weights = rows, torch.ones(len(rows), device=device)
         optimizer.zero_grad(set_to_none=True)
         # token sums over this rank's rows of loss, clipped and KL; then |Δ log p| and KL against the engine
         sums = torch.zeros(6, device=device)  # ... and the tokens whose importance weight was capped
-        pieces = padded_pieces(mine, weights, size)
-        for k, (part, part_weights) in enumerate(pieces):
-            mask = response_mask[part] * part_weights.unsqueeze(1)
+        pieces = rank_pieces(rows, spans, rank, world_size, size, cfg.micro_batch_tokens, response_start,
+                             input_ids.shape[1])
+        for k, (part, part_weights, first, end) in enumerate(pieces):
+            # a piece computes columns [first, end): the responses' first `cols` tokens
+            cols = end - response_start
+
+            def cut(tensor: torch.Tensor, part: torch.Tensor = part, cols: int = cols) -> torch.Tensor:
+                return tensor[part] if tensor.dim() == 1 else tensor[part, :cols]  # per sample or per token
+
+            mask = cut(response_mask) * part_weights.unsqueeze(1)
+            inputs = (input_ids[part, first:end], attention_mask[part, first:end], response_start - first)
             # DDP / FSDP meet the other ranks once, after the last piece
             with gradient_sync(model, enabled=k == len(pieces) - 1):
                 with autocast_to(device, compute_dtype):
-                    logprobs = sequence_logprobs(model, input_ids[part], attention_mask[part], response_start,
-                                                 rollout.temperature)
+                    logprobs = sequence_logprobs(model, *inputs, rollout.temperature)
                     ref_logprobs = None
                     if cfg.kl_coef:
                         with torch.no_grad():
-                            ref_logprobs = sequence_logprobs(ref_model, input_ids[part], attention_mask[part],
-                                                             response_start, rollout.temperature)
-                anchor, weights = old_logprobs[part], None if is_weights is None else is_weights[part]
+                            ref_logprobs = sequence_logprobs(ref_model, *inputs, rollout.temperature)
+                anchor, weights = cut(old_logprobs), None if is_weights is None else cut(is_weights)
                 capped = torch.zeros((), device=device)
                 if anchored_here:
                     anchor = logprobs.detach().float()
-                    weights, capped = truncated_is_weights(anchor, engine_logprobs[part], mask, cfg.is_correction,
+                    weights, capped = truncated_is_weights(anchor, cut(engine_logprobs), mask, cfg.is_correction,
                                                            cfg.is_cap)
-                loss = grpo_loss(logprobs, anchor, advantages[part], mask, cfg.clip_low,
+                loss = grpo_loss(logprobs, anchor, cut(advantages), mask, cfg.clip_low,
                                  cfg.clip_high, ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef, num_tokens=num_tokens,
                                  token_weights=weights)
                 (loss * world_size).backward()  # under DDP the gradients are averaged: × N makes them a sum
@@ -157,11 +164,11 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
                 # (or a newer one, if the rollout is stale): what differs there is the engine/learner mismatch.
                 unstepped = torch.zeros_like(kl)
                 if index == 0:
-                    engine = engine_logprobs[part]
+                    engine = cut(engine_logprobs)
                     unstepped = torch.stack([masked_mean((logprobs - engine).abs(), mask).float() * tokens,
                                              approx_kl(logprobs, engine, mask).float() * tokens])
                 sums += torch.cat([torch.stack([loss.detach().float() * num_tokens,
-                                                clip_fraction(logprobs, anchor, per_token(advantages[part]),
+                                                clip_fraction(logprobs, anchor, per_token(cut(advantages)),
                                                               mask, cfg.clip_low, cfg.clip_high).float() * tokens,
                                                 kl]),
                                    unstepped.expand(2), (capped.float() * tokens).reshape(1)])
@@ -178,6 +185,21 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
             correction = {"is_capped_fraction": means[5]}
     model.eval()
     return totals | correction
+
+
+def rank_pieces(rows: torch.Tensor, spans: list | None, rank: int, world_size: int, size: int,
+                budget: int | None, response_start: int, width: int) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
+    """This rank's forward/backward pieces of a minibatch's rows: (indices, weights, first column, end column).
+    With a token budget, `micro_batches.token_pieces` (sorted by length, trimmed to their own columns); without,
+    the rank's contiguous share of the rows in pieces of `size` rows, every column."""
+    if budget:
+        return token_pieces(rows, spans, rank, world_size, budget, response_start)
+    mine, weights = rows, torch.ones(len(rows), device=rows.device)
+    if world_size > 1:
+        from rlfarm.data_parallel import shard_rows
+
+        mine, weights = shard_rows(rows, rank, world_size)
+    return [(part, part_weights, 0, width) for part, part_weights in padded_pieces(mine, weights, size)]
 
 
 def truncated_is_weights(learner_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor,

@@ -10,6 +10,9 @@ plus less than 1/ROW_BUCKETS of a piece.
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
 ROW_BUCKETS = 8
@@ -36,3 +39,69 @@ def padded_pieces(rows: torch.Tensor, weights: torch.Tensor, size: int) -> list[
             part_weights = torch.cat([part_weights, part_weights.new_zeros(missing)])
         pieces.append((part, part_weights))
     return pieces
+
+
+# Token-budget pieces (`algo.micro_batch_tokens`): a piece's width is rounded up to a multiple of this many columns,
+# so a run meets few shapes (at most (prompt + cap) / WIDTH_STEP widths) and a row computes < WIDTH_STEP columns of
+# padding on average.
+WIDTH_STEP = 64
+
+
+def row_spans(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, L] mask of left-padded prompts followed by right-padded responses → [B, 2]: each row's first real
+    column and one past its last."""
+    columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    real = attention_mask.bool()
+    first = torch.where(real, columns, attention_mask.shape[1]).min(dim=1).values
+    last = torch.where(real, columns + 1, 0).max(dim=1).values
+    return torch.stack([first, last], dim=1)
+
+
+def token_pieces(rows: torch.Tensor, spans: list[tuple[int, int]], rank: int, world_size: int, budget: int,
+                 response_start: int, width_step: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
+    """This rank's pieces of one minibatch (`rows`, indices) by a token budget, without computing padding.
+
+    The minibatch's rows are sorted longest first and dealt to the ranks in turn (rank r takes every N-th), so the
+    ranks' shares are alike in tokens. A rank's rows go, in that order, into pieces of at most `budget` tokens,
+    counted as rows × the piece's width: the columns from its rows' first real column to their last, rounded up
+    to `width_step` (WIDTH_STEP unless given; a row longer than the budget is a piece alone). Each piece computes only its own columns, so
+    long-tail lengths stop costing every row the longest row's columns. Every rank gets as many pieces as the rank
+    with most (FSDP gathers weights in every forward: all ranks must run the same number); the missing ones are
+    the minibatch's shortest row, weighted 0. `spans`: `row_spans` of the whole rollout, as a list.
+    Returns [(indices, weights, first column, end column)]; every piece keeps the column `response_start − 1`."""
+    columns = functools.partial(_columns, spans=spans, response_start=response_start,
+                                total=max(end for _, end in spans), step=width_step or WIDTH_STEP)
+    ordered = sorted(rows.tolist(), key=lambda row: spans[row][0] - spans[row][1])  # stable: longest first
+    shares = [_pack(ordered[r::world_size], budget, columns) for r in range(world_size)]
+    padding = ([ordered[-1]], 0.0, *columns([ordered[-1]]))
+    pieces = shares[rank] + [padding] * (max(map(len, shares)) - len(shares[rank]))
+    return [(torch.tensor(part, device=rows.device), torch.full((len(part),), weight, device=rows.device), first, end)
+            for part, weight, first, end in pieces]
+
+
+def _pack(rows: list[int], budget: int, columns: Callable[[list[int]], tuple[int, int]]
+          ) -> list[tuple[list[int], float, int, int]]:
+    """Rows in order into pieces while rows × width stays within the budget."""
+    pieces: list[tuple[list[int], float, int, int]] = []
+    part: list[int] = []
+    for row in rows:
+        first, end = columns([*part, row])
+        if part and (len(part) + 1) * (end - first) > budget:
+            pieces.append((part, 1.0, *columns(part)))
+            part = []
+        part.append(row)
+    if part:
+        pieces.append((part, 1.0, *columns(part)))
+    return pieces
+
+
+def _columns(part: list[int], spans: list[tuple[int, int]], response_start: int, total: int, step: int
+             ) -> tuple[int, int]:
+    """The columns [first, end) a piece of rows computes: its real columns (always the last prompt column, which
+    predicts the first response token), widened to a multiple of `step`, leftwards where the right edge is the
+    rollout's."""
+    first = min(min(spans[row][0] for row in part), response_start - 1)
+    last = max(max(spans[row][1] for row in part), response_start)
+    width = min(total, -(-(last - first) // step) * step)
+    end = min(total, first + width)
+    return end - width, end

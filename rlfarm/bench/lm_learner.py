@@ -1,17 +1,21 @@
 """`rlfarm bench lm_learner`: the LLM learner's update (issue 37) — GRPO's `update_policy`, as the learner role
-runs it (fp32 weights and AdamW, bf16 autocast on CUDA, micro-batches), on a synthetic step: `rows` samples of
+runs it (fp32 weights and AdamW, bf16 autocast on CUDA, the head in chunks), on a synthetic step: `rows` samples of
 random tokens, `prompt_len`-token prompts and responses of lengths drawn uniformly in [cap/4, cap], right-padded.
 
 Rows:
 - `matmul nN` (the baseline): an N × N × N product in the run's dtype, TFLOP/s — what this card reaches at best;
-- `lm update`: model TFLOP/s of the update (6·N·T over the real tokens, `rlfarm.algos.model_flops`; padding and
-  the loss's own work are what it loses), with `ratio` = that over the matmul's, `mfu` over the card's dense bf16
-  peak (`rlfarm.cards`), tokens/s, and on CUDA `peak_gib` (the update's peak memory) beside `estimate_gib`, the
-  learner's estimate from `rlfarm.memory_plan` for the same sizes (what `rlfarm plan` prints and `rlfarm train`
-  checks).
+- `lm update (rows)`: micro-batches of `micro_batch_size` rows, every column of the step (the padding computed);
+- `lm update (tokens)`, where `micro_batch_tokens` is set: pieces of at most that many tokens, rows sorted by length
+  and each piece cut to its own columns (`rlfarm.algos.micro_batches.token_pieces`), on the same step.
+Each update row: model TFLOP/s (6·N·T over the real tokens, `rlfarm.algos.model_flops`; padding and the loss's own
+work are what it loses), `ratio` = that over the matmul's, `mfu` over the card's dense bf16 peak (`rlfarm.cards`),
+tokens/s, and on CUDA `peak_gib` (the update's peak memory) beside `estimate_gib`, the learner's estimate from
+`rlfarm.memory_plan` for the same sizes (what `rlfarm plan` prints and `rlfarm train` checks).
+`activation_checkpointing: true` recomputes each block's activations (model FLOPs still count 6·N·T).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -24,7 +28,7 @@ from rlfarm.bench.common import sizes, synchronize, use_cpu_threads
 from rlfarm.bench.engine import model_shape
 from rlfarm.data import Rollout
 from rlfarm.memory_plan import GIB, learner_bytes, lm_shape, measured_peak_gib
-from rlfarm.models.lm import build_causal_lm, compute_dtype
+from rlfarm.models.lm import causal_lm, compute_dtype
 
 log = logging.getLogger("rlfarm")
 UPDATE = "lm update"
@@ -35,17 +39,45 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
     use_cpu_threads(cfg, device)
     torch.manual_seed(int(cfg.seed))
     shape = model_shape(cfg.get("shape"), size.model)
+    recompute = bool(size.get("activation_checkpointing", False))
     with torch.device(device):
-        model = build_causal_lm(shape)  # fp32 weights, as the learner role holds them
+        model = causal_lm(shape, recompute=recompute)  # fp32 weights, as the learner role holds them
     dtype = compute_dtype(str(cfg.dtype), device)
-    rows, micro = int(size.rows), int(size.micro_batch_size)
-    prompt_len, cap = int(size.prompt_len), int(size.response_len)
+    rows, prompt_len, cap = int(size.rows), int(size.prompt_len), int(size.response_len)
     rollout = synthetic_step(rows, prompt_len, cap, int(shape["vocab_size"]), int(cfg.seed), device)
-    tokens = int(rollout.attention_mask().sum())
-    algo = GRPOConfig(prompts_per_step=rows, group_size=1, micro_batch_size=micro, lr=1e-6, device=device)
+    algo = GRPOConfig(prompts_per_step=rows, group_size=1, micro_batch_size=int(size.micro_batch_size), lr=1e-6,
+                      device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=algo.lr, weight_decay=0.0)
     advantages = torch.randn(rows, generator=torch.Generator().manual_seed(int(cfg.seed))).to(device)
-    figures = UpdateFigures(model, device)
+    n = int(size.matmul)
+    out = [{"case": f"matmul n{n}", "value": matmul_tflops(n, dtype, device), "unit": "TFLOP/s", "baseline": None}]
+    forms = {"rows": algo}
+    if size.get("micro_batch_tokens"):
+        forms["tokens"] = dataclasses.replace(algo, micro_batch_size=None, micro_batch_tokens=int(size.micro_batch_tokens))
+    for form, settings in forms.items():
+        seconds, measured = timed_update(model, optimizer, rollout, advantages, settings, dtype, int(size.repeats))
+        micro_tokens = (settings.micro_batch_tokens or settings.micro_batch_size * (prompt_len + cap))
+        estimate = learner_bytes(lm_shape(shape), ranks=1, fsdp=False, tokens=micro_tokens, recompute=recompute)
+        tokens = int(rollout.attention_mask().sum())
+        row = {"case": f"{UPDATE} ({form})", "value": measured["learner_tflops"], "unit": "TFLOP/s",
+               "baseline": out[0]["case"], "mfu": measured["mfu"], "tokens_per_s": round(tokens / seconds),
+               "update_s": round(seconds, 4), "rows": rows, "micro_batch_size": settings.micro_batch_size,
+               "micro_batch_tokens": settings.micro_batch_tokens, "activation_checkpointing": recompute,
+               "real_tokens": tokens, "padded_tokens": rows * (prompt_len + cap),
+               "peak_gib": None if measured["learner_peak_gib"] is None else round(measured["learner_peak_gib"], 2),
+               "estimate_gib": round(sum(estimate.values()) / GIB, 2)}
+        log.info("%s: %.3g TFLOP/s of model FLOPs (%s), %.2f s an update, peak %s GiB (estimate %s)", row["case"],
+                 row["value"], "MFU n/a" if row["mfu"] is None else f"MFU {100 * row['mfu']:.1f} %", seconds,
+                 row["peak_gib"], row["estimate_gib"])
+        out.append(row)
+    return out
+
+
+def timed_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rollout: Rollout,
+                 advantages: torch.Tensor, algo: GRPOConfig, dtype: torch.dtype, repeats: int) -> tuple[float, dict]:
+    """The median of `repeats` updates' seconds (after one untimed: the allocator, cuBLAS and autocast's caches
+    settle), and the model FLOPs, MFU and peak memory of the timed ones."""
+    device = algo.device
 
     def update() -> float:
         synchronize(device)
@@ -54,22 +86,10 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
         synchronize(device)
         return time.perf_counter() - started
 
-    update()  # untimed: the allocator, cuBLAS and autocast's caches settle
+    update()
     measured_peak_gib(device)  # reads and resets the peak: `figures.of` below reads the timed updates' own
-    seconds = sorted(update() for _ in range(int(size.repeats)))[int(size.repeats) // 2]
-    measured = figures.of(tokens, seconds)
-    estimate = learner_bytes(lm_shape(shape), ranks=1, fsdp=False, tokens=micro * (prompt_len + cap))
-    n = int(size.matmul)
-    matmul = {"case": f"matmul n{n}", "value": matmul_tflops(n, dtype, device), "unit": "TFLOP/s", "baseline": None}
-    row = {"case": UPDATE, "value": measured["learner_tflops"], "unit": "TFLOP/s", "baseline": matmul["case"],
-           "mfu": measured["mfu"], "tokens_per_s": round(tokens / seconds), "update_s": round(seconds, 4),
-           "rows": rows, "micro_batch_size": micro, "real_tokens": tokens, "padded_tokens": rows * (prompt_len + cap),
-           "peak_gib": None if measured["learner_peak_gib"] is None else round(measured["learner_peak_gib"], 2),
-           "estimate_gib": round(sum(estimate.values()) / GIB, 2)}
-    log.info("%s: %.3g TFLOP/s of model FLOPs (%s), %.2f s an update, peak %s GiB (estimate %s)", UPDATE, row["value"],
-             "MFU n/a" if row["mfu"] is None else f"MFU {100 * row['mfu']:.1f} %", seconds, row["peak_gib"],
-             row["estimate_gib"])
-    return [matmul, row]
+    seconds = sorted(update() for _ in range(repeats))[repeats // 2]
+    return seconds, UpdateFigures(model, device).of(int(rollout.attention_mask().sum()), seconds)
 
 
 def synthetic_step(rows: int, prompt_len: int, cap: int, vocab: int, seed: int, device: str) -> Rollout:

@@ -24,7 +24,8 @@ class DigitTokenizer:
     """One token per character: PAD '_', BOS '^', EOS '$', digits, '+', '='.
 
     Special tokens decode to their own character (unless skipped), so a decoded completion has one
-    character per generated token and position-wise rewards line up with positions the model wrote.
+    character per generated token and position-wise rewards line up with positions the model wrote. Ids past the
+    vocabulary (a model with more rows: `model.vocab=shape` speed runs) decode to '?'.
     """
 
     pad_id, bos_id, eos_id = 0, 1, 2
@@ -46,7 +47,8 @@ class DigitTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         special = {self.pad_id, self.bos_id, self.eos_id}
-        return "".join(self._chars[int(i)] for i in ids if not (skip_special_tokens and int(i) in special))
+        return "".join(self._chars[int(i)] if int(i) < len(self._chars) else "?" for i in ids
+                       if not (skip_special_tokens and int(i) in special))
 
 
 @dataclass(frozen=True)

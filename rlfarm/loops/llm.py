@@ -68,9 +68,21 @@ def grpo_config(cfg: DictConfig) -> GRPOConfig:
         fields["is_correction"] = "token_tis" if int(algo.get("max_staleness", 0)) > 0 else "none"
     source = cfg.model.get("source")
     return GRPOConfig(**fields, task=cfg.env.task, num_digits=int(cfg.env.get("num_digits", 4)),
+                      vocab_size=shape_vocab(cfg),
                       model=str(source) if source else OmegaConf.to_container(cfg.model.config, resolve=True),
                       lora=OmegaConf.to_container(cfg.model.lora, resolve=True) if cfg.model.get("lora") else None,
                       verifier=cfg.reward.verifier, seed=int(cfg.seed))
+
+
+def shape_vocab(cfg: DictConfig) -> int | None:
+    """model.vocab=shape (speed runs): a built model keeps its shape's vocabulary (e.g. Qwen2.5's 152,064 rows: the
+    head's real cost) rather than the task tokenizer's; the tokens past the tokenizer's decode as '?'."""
+    if cfg.model.get("source") or cfg.model.get("vocab", "task") == "task":
+        return None
+    if cfg.model.vocab != "shape":
+        raise ConfigError(f"model.vocab must be task or shape, got {cfg.model.vocab!r}",
+                          "use model.vocab=task (the task tokenizer's) or model.vocab=shape (the shape's own)")
+    return int(cfg.model.config.vocab_size)
 
 
 def text_task_spec(cfg: DictConfig) -> TextTaskSpec:

@@ -28,8 +28,10 @@ def model_shape(cfg: DictConfig) -> LMShape | None:
 
         return lm_shape(json.loads(config.read_text()))
     from rlfarm.envs.text_tasks import DigitTokenizer
+    from rlfarm.loops.llm import shape_vocab
 
-    return lm_shape(OmegaConf.to_container(cfg.model.config, resolve=True), vocab=DigitTokenizer().vocab_size)
+    return lm_shape(OmegaConf.to_container(cfg.model.config, resolve=True),
+                    vocab=shape_vocab(cfg) or DigitTokenizer().vocab_size)
 
 
 def sequence_tokens(cfg: DictConfig) -> tuple[int, int, str]:
@@ -53,9 +55,12 @@ def role_terms(cfg: DictConfig, learners: int, engines: int) -> dict[str, dict] 
     prompt, new, _ = sequence_tokens(cfg)
     samples = int(algo.prompts_per_step) * int(algo.group_size)
     rows = int(algo.get("micro_batch_size") or max(1, samples // int(algo.get("minibatches", 1)) // max(learners, 1)))
+    # a token budget: a piece holds at most that many (a row longer than the budget is a piece alone)
+    tokens = max(int(algo.micro_batch_tokens), prompt + new) if algo.get("micro_batch_tokens") else rows * (prompt + new)
     lora = OmegaConf.select(cfg, "model.lora")
     return {"learner": learner_bytes(shape, ranks=max(learners, 1), fsdp=algo.get("data_parallel") == "fsdp",
-                                     tokens=rows * (prompt + new), lora_params=lora_params(shape, lora)),
+                                     tokens=tokens, lora_params=lora_params(shape, lora),
+                                     recompute=bool(algo.get("activation_checkpointing", False))),
             "engine": engine_bytes(shape, slots=-(-samples // max(engines, 1)), cache_tokens=prompt + new,
                                    dtype_bytes=DTYPE_BYTES.get(str(cfg.model.get("dtype", "float32")), 4))}
 

@@ -7,8 +7,9 @@ policy that sampled and the policy being trained are exact, not approximately eq
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -45,11 +46,18 @@ def add_lora(model: nn.Module, r: int = 8, alpha: int = 16,
 
 
 def causal_lm(source: str | Mapping[str, Any], dtype: str = "float32",
-              lora: Mapping[str, Any] | None = None) -> nn.Module:
+              lora: Mapping[str, Any] | None = None, recompute: bool = False) -> nn.Module:
     """The policy a config names: `source` is a config dict (built) or a path / hub id (loaded);
-    `lora` = {r, alpha, target_modules[, dropout]} adds adapters."""
+    `lora` = {r, alpha, target_modules[, dropout]} adds adapters; `recompute`: activation checkpointing, each
+    decoder block's activations recomputed in the backward pass instead of kept (training mode only)."""
     model = (build_causal_lm(source) if isinstance(source, Mapping) else load_causal_lm(source, dtype))
-    model = model.to(getattr(torch, dtype))
+    model = use_scoring_head(model.to(getattr(torch, dtype)))
+    if recompute:  # non-reentrant: works with frozen inputs (LoRA) and inside FSDP's units
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers ≥ 5.2x; older: gradient_...
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return add_lora(model, **lora) if lora else model
 
 
@@ -109,39 +117,67 @@ def response_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
                  logits_to_keep=response_len + 1).logits[:, :-1]
 
 
-
-
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      response_start: int, temperature: float = 1.0, logit_budget: int = LOGIT_BUDGET
+                      response_start: int, temperature: float = 1.0, logit_budget: int | None = None
                       ) -> torch.Tensor:
     """Log-probabilities [B, T] (float32) of the response tokens under `model` sampling at `temperature`.
-    Inputs as `response_logits`. Where the response's logits would pass `logit_budget` elements, the head runs
-    on chunks of tokens (`chunked_head_logprobs`), each chunk's logits recomputed in the backward pass rather
-    than kept: same values, same gradients."""
-    tokens = input_ids[:, response_start:]
-    parts = decoder_and_head(model)
-    if parts is None or tokens.numel() * parts[1].out_features <= logit_budget:
+    Inputs as `response_logits`. Where the response's logits would pass `logit_budget` elements (`LOGIT_BUDGET`
+    unless given) and the model's head is a `ScoringHead`, the head scores the tokens itself, on chunks of tokens
+    whose logits are recomputed in the backward pass rather than kept (same values, same gradients). The model's own forward runs either way, so
+    DDP's and FSDP's hooks around it do too."""
+    tokens, logit_budget = input_ids[:, response_start:], logit_budget or LOGIT_BUDGET
+    head = scoring_head(model)
+    if head is None or tokens.numel() * head.out_features <= logit_budget:
         return token_logprobs(response_logits(model, input_ids, attention_mask, response_start), tokens, temperature)
-    decoder, head = parts
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                     position_ids=position_ids_from_mask(attention_mask)).last_hidden_state
-    hidden = hidden[:, response_start - 1:-1]  # the states that predict each response token
-    return chunked_head_logprobs(head, hidden, tokens, temperature, max(1, logit_budget // head.out_features))
+    with head.scoring(tokens, temperature, rows=max(1, logit_budget // head.out_features)):
+        return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                     position_ids=position_ids_from_mask(attention_mask), logits_to_keep=tokens.shape[1] + 1).logits
 
 
-def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
-    """The decoder stack and LM head of an HF causal LM (under peft, with its adapters), to be called one after
-    the other; None where a wrapper's own forward must run (DDP and FSDP hook theirs: chunks bypass them)."""
-    from torch.distributed.fsdp import FSDPModule
+class ScoringHead(nn.Linear):
+    """An LM head (a plain `nn.Linear` otherwise) that, inside `scoring(tokens, ...)`, returns the log-probabilities
+    of `tokens` [B, T] instead of logits: given the hidden states of the T + 1 last positions (the first T predict
+    the tokens), it runs on chunks of `rows` tokens, each checkpointed, so at most one chunk's logits exist at once.
+    A 152k vocabulary over a micro-batch of 16k tokens would otherwise be ~10 GB of fp32 logits, and ~40 GB with
+    their softmax and gradients."""
 
-    if isinstance(model, (nn.parallel.DistributedDataParallel, FSDPModule)):
-        return None
+    _scoring: tuple[torch.Tensor, float, int] | None = None  # (tokens, temperature, rows) inside `scoring`
+
+    @contextlib.contextmanager
+    def scoring(self, tokens: torch.Tensor, temperature: float, rows: int) -> Iterator[None]:
+        self._scoring = (tokens, temperature, rows)
+        try:
+            yield
+        finally:
+            self._scoring = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._scoring is None:
+            return super().forward(hidden)
+        tokens, temperature, rows = self._scoring
+        return chunked_head_logprobs(self, hidden[:, :tokens.shape[1]], tokens, temperature, rows)
+
+
+def use_scoring_head(model: nn.Module) -> nn.Module:
+    """Make `model`'s LM head a `ScoringHead`, in place: the same module object and parameters (a tied head stays
+    tied, names and state dicts are unchanged), only its class differs. A head that is not a plain `nn.Linear`
+    (e.g. LoRA-wrapped) is left as it is, and is scored through whole logits."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decoder, head = getattr(base, "model", None), getattr(base, "lm_head", None)
-    return (decoder, head) if decoder is not None and isinstance(head, nn.Linear) else None
+    head = getattr(base, "lm_head", None)
+    if type(head) is nn.Linear:
+        head.__class__ = ScoringHead
+    return model
 
 
-def chunked_head_logprobs(head: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,
+def scoring_head(model: nn.Module) -> ScoringHead | None:
+    """The `ScoringHead` of a model, unwrapping DDP and peft (FSDP2 keeps the module itself); None if it has none."""
+    base = getattr(model, "module", model)  # DDP
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    head = getattr(base, "lm_head", None)
+    return head if isinstance(head, ScoringHead) else None
+
+
+def chunked_head_logprobs(head: nn.Linear, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,
                           rows: int) -> torch.Tensor:
     """`token_logprobs(head(hidden), tokens)` for hidden [B, T, H], tokens [B, T], `rows` tokens at a time:
     with gradients on, each chunk is checkpointed (its logits recomputed in the backward pass), so at most one
@@ -151,11 +187,13 @@ def chunked_head_logprobs(head: nn.Module, hidden: torch.Tensor, tokens: torch.T
     flat_hidden, flat_tokens = hidden.reshape(-1, hidden.shape[-1]), tokens.reshape(-1)
     out = []
     for start in range(0, len(flat_tokens), rows):
-        args = (head, flat_hidden[start:start + rows], flat_tokens[start:start + rows], temperature)
+        args = (head.weight, head.bias, flat_hidden[start:start + rows], flat_tokens[start:start + rows], temperature)
         out.append(checkpoint(_head_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
                    else _head_logprobs(*args))
     return torch.cat(out).view_as(tokens)
 
 
-def _head_logprobs(head: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    return token_logprobs(head(hidden), tokens, temperature)
+def _head_logprobs(weight: torch.Tensor, bias: torch.Tensor | None, hidden: torch.Tensor, tokens: torch.Tensor,
+                   temperature: float) -> torch.Tensor:
+    # the head's weights, not the head: called inside its own forward (and recomputed after it)
+    return token_logprobs(nn.functional.linear(hidden, weight, bias), tokens, temperature)

@@ -45,3 +45,10 @@ def serve_rendezvous_here(world_size: int):
     from rlfarm.sync import serve_rendezvous_on_node
 
     return serve_rendezvous_on_node(world_size)
+
+
+def release_cached_memory() -> None:
+    """Hand the CUDA caching allocator's free blocks back to the card (a no-op without CUDA): a role that time-shares
+    its GPU (a colocated learner after its update) leaves the room to the next one (the engine, waking)."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -17,8 +17,8 @@ reports, with the update's model-FLOPs utilization (`rlfarm.algos.model_flops`).
 `dtype` (the engine's weights, the learner's autocast and what it publishes; its weights and AdamW stay fp32);
 CPU roles run float32 (`rlfarm.models.lm.compute_dtype`).
 
-The policy is built from a config dict (vocabulary: the digit tokenizer's) or loaded from a hub id / folder
-(`model.source`), whose tokenizer the task then speaks (`rlfarm.envs.text_tasks.TextTaskSpec`)."""
+The policy is built from a config dict (vocabulary: the digit tokenizer's, or its shape's) or loaded from a hub id
+/ folder (`model.source`), whose tokenizer the task then speaks (`rlfarm.envs.text_tasks.TextTaskSpec`)."""
 from __future__ import annotations
 
 import copy
@@ -44,7 +44,8 @@ from rlfarm.models.lm import causal_lm, compute_dtype, trainable_state_dict
 from rlfarm.rewards.rollouts import score_rollout
 from rlfarm.rewards.verifiers import get_verifier
 from rlfarm.roles.base import role
-from rlfarm.roles.common import assigned_device, limit_threads, save_atomic, serve_rendezvous_here
+from rlfarm.roles.common import (assigned_device, limit_threads, release_cached_memory, save_atomic,
+                                 serve_rendezvous_here)
 from rlfarm.roles.stage_clock import StageClock
 from rlfarm.roles.value_critic import ValueCritic
 from rlfarm.sync import HostSender, PassThroughReceiver, WeightReceiver, WeightSender
@@ -52,13 +53,12 @@ from rlfarm.sync.transport import SenderSetup, open_receiver
 
 
 def _policy(cfg: GRPOConfig, lora: bool = True) -> torch.nn.Module:
-    """Learner and engine build the same policy (the same seed makes the same LoRA adapters), in float32;
-    lora=False: the same weights without adapters (the PPO critic's starting point)."""
+    """Learner and engine build the same policy (the same seed makes the same LoRA adapters), in float32; lora=False:
+    the same weights without adapters (the PPO critic's start). Vocabulary: `cfg.vocab_size` or the digit task's."""
     torch.manual_seed(cfg.seed)
-    adapters = cfg.lora if lora else None
-    if isinstance(cfg.model, str):  # model.source: a pretrained model, sized by its own config
-        return causal_lm(cfg.model, lora=adapters)
-    return causal_lm({**cfg.model, "vocab_size": DigitTokenizer().vocab_size}, lora=adapters)
+    source = cfg.model if isinstance(cfg.model, str) else {  # model.source: a pretrained model, its own config
+        **cfg.model, "vocab_size": cfg.vocab_size or DigitTokenizer().vocab_size}
+    return causal_lm(source, lora=cfg.lora if lora else None, recompute=cfg.activation_checkpointing)
 
 
 def gpu_location() -> tuple[str, int]:
@@ -329,6 +329,7 @@ class LMLearner:
         with self.stages.timing("update"):
             metrics = self.update_parts(ray.get(list(generated)), ray.get(list(rewards)))
         self.updates += 1
+        release_cached_memory()  # the update's activations' blocks: a colocated engine wakes next
         seconds, tokens = time.perf_counter() - started, metrics.pop("trained_tokens", 0)
         return metrics | {"update_s": seconds, "publish_s": self.publish_s} | self.figures.of(tokens, seconds)
 

@@ -4,11 +4,12 @@ and the padding that makes the shapes changes no gradient."""
 import copy
 import dataclasses
 
+import pytest
 import torch
 
 from rlfarm.algos.grpo import group_advantages
 from rlfarm.algos.grpo_lm import TINY_QWEN2, GRPOConfig, update_policy
-from rlfarm.algos.micro_batches import ROW_BUCKETS, padded_pieces, piece_rows
+from rlfarm.algos.micro_batches import ROW_BUCKETS, padded_pieces, piece_rows, token_pieces
 from rlfarm.data import Rollout
 from rlfarm.envs.text_tasks import DigitTask
 from rlfarm.models.lm import causal_lm, sequence_logprobs
@@ -70,3 +71,73 @@ def test_an_update_runs_few_shapes_over_any_kept_group_count_and_padding_changes
     for (name, a), b in zip(padded.named_parameters(), exact.parameters()):
         assert torch.allclose(a, b, atol=1e-6), name
     assert any(not torch.equal(a, b) for a, b in zip(padded.parameters(), model.parameters()))
+
+
+def _spans(rows):
+    """(first, end) columns of rows laid out as [prompt 4 | response 8]: left padding and long-tail lengths."""
+    return [(4 - prompt, 4 + response) for prompt, response in rows]
+
+
+def test_token_pieces_hold_the_budget_cover_every_row_once_and_match_across_ranks():
+    spans = _spans([(3, 8), (4, 1), (2, 2), (4, 7), (1, 1), (4, 3), (3, 8), (2, 5), (4, 2)])
+    rows = torch.tensor([8, 0, 3, 5, 1, 2, 7, 4])  # a minibatch: row 6 is in another
+    for world in (1, 2, 3):
+        shares = [token_pieces(rows, spans, rank, world, budget=24, response_start=4, width_step=1)
+                  for rank in range(world)]
+        assert len({len(share) for share in shares}) == 1  # FSDP: every rank runs as many forward passes
+        real = []
+        for share in shares:
+            for part, weights, first, end in share:
+                real += part[weights > 0].tolist()
+                assert set(weights.tolist()) <= {0.0, 1.0} and (weights.sum() == len(part) or len(part) == 1)
+                # the piece's own columns: every real column of its rows and the column predicting their first token
+                assert first <= min(min(spans[r][0] for r in part.tolist()), 3) and end >= max(spans[r][1]
+                                                                                              for r in part.tolist())
+                assert len(part) * (end - first) <= 24 or len(part) == 1
+        assert sorted(real) == sorted(rows.tolist())
+    (longest, _, first, end), *_ = token_pieces(rows, spans, 0, 1, budget=24, response_start=4, width_step=1)
+    assert longest.tolist() == [0, 3] and (first, end) == (0, 12)  # longest first: rows 0 and 3, 12 columns
+    # columns rounded up to the width step: rows 2 and 8 span columns 0-5 → 8 columns
+    (_, _, first, end), = token_pieces(torch.tensor([2, 8]), spans, 0, 1, budget=99, response_start=4, width_step=8)
+    assert (first, end) == (0, 8)
+    # ... never past the rollout's last column: row 0 spans 1-11, 16 columns would pass column 12, so 12, moved left
+    (_, _, first, end), = token_pieces(torch.tensor([0]), spans, 0, 1, budget=99, response_start=4, width_step=8)
+    assert (first, end) == (0, 12)
+
+
+def test_an_update_in_token_pieces_cut_to_their_columns_equals_the_whole_minibatch(one_torch_thread, monkeypatch):
+    """Rows sorted by length, pieces of ≤ 40 tokens, each computing only its own columns (left padding of
+    different prompt lengths and right padding of long-tail responses cut), and the head in chunks: the same loss,
+    gradient norm and weights as one forward/backward over the whole padded minibatch."""
+    import rlfarm.algos.micro_batches as micro_batches
+    import rlfarm.models.lm as lm
+
+    monkeypatch.setattr(micro_batches, "WIDTH_STEP", 1)  # tiny rows: cut to the column
+    monkeypatch.setattr(lm, "LOGIT_BUDGET", 3 * 15)  # 3 tokens' logits at once
+    cfg = GRPOConfig(prompts_per_step=8, group_size=2, seed=0, minibatches=2)
+    torch.manual_seed(cfg.seed)
+    task = DigitTask(cfg.task, cfg.num_digits, seed=cfg.seed)
+    model = causal_lm({**TINY_QWEN2, "vocab_size": task.tokenizer.vocab_size}).eval()
+    rollout = _random_rollout(model, torch.tensor(task.sample(cfg.prompts_per_step).prompt_ids), cfg.group_size,
+                              response_len=9)
+    prompt_mask = rollout.prompt_mask.clone()
+    prompt_mask[::3, :2] = 0  # a third of the prompts 2 tokens shorter (left padding)
+    rollout = dataclasses.replace(rollout, prompt_ids=rollout.prompt_ids * prompt_mask, prompt_mask=prompt_mask)
+    advantages = torch.randn(len(rollout.response_ids))
+    whole, pieces = copy.deepcopy(model), copy.deepcopy(model)
+    widths = []
+    pieces.register_forward_pre_hook(lambda _, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)),
+                                     with_kwargs=True)
+    results = []
+    for policy, settings in ((whole, cfg), (pieces, dataclasses.replace(cfg, micro_batch_tokens=40))):
+        torch.manual_seed(1)  # the same minibatch permutation
+        results.append(update_policy(policy, torch.optim.SGD(policy.parameters(), lr=1.0), rollout, advantages,
+                                     settings))
+    expected, got = results
+    assert len(widths) > 2 and all(rows * columns <= 40 or rows == 1 for rows, columns in widths)
+    assert min(columns for _, columns in widths) < rollout.input_ids().shape[1]  # pieces were cut
+    for key in ("loss", "grad_norm", "clip_fraction", "approx_kl", "engine_logprob_gap"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+    for (name, a), b in zip(whole.named_parameters(), pieces.parameters()):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=name)
+    assert any(not torch.equal(a, b) for a, b in zip(pieces.parameters(), model.parameters()))  # it stepped

@@ -12,11 +12,15 @@ def test_bench_lm_learner_on_cpu_times_the_update_against_a_matmul(tmp_path):
     out = rlfarm("bench", "lm_learner", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "bench.json").read_text())
-    matmul, update = result["rows"]
+    matmul, rows, tokens = result["rows"]
     assert result["bench"] == "lm_learner" and matmul["case"] == "matmul n256" and matmul["value"] > 0
-    assert update["case"] == "lm update" and update["baseline"] == "matmul n256" and update["unit"] == "TFLOP/s"
-    assert update["ratio"] == pytest.approx(update["value"] / matmul["value"])
-    # 8 rows of 8 prompt tokens and 4-16 response tokens: the padding is counted apart, not as work
-    assert 8 * (8 + 4) <= update["real_tokens"] < update["padded_tokens"] == 8 * (8 + 16)
-    assert update["tokens_per_s"] > 0 and update["update_s"] > 0
-    assert update["mfu"] is None and update["peak_gib"] is None and update["estimate_gib"] >= 0  # a CPU has no card
+    assert rows["case"] == "lm update (rows)" and tokens["case"] == "lm update (tokens)"
+    for update in (rows, tokens):  # the same step in micro-batches of 4 rows, then in pieces of ≤ 48 tokens
+        assert update["baseline"] == "matmul n256" and update["unit"] == "TFLOP/s"
+        assert update["ratio"] == pytest.approx(update["value"] / matmul["value"])
+        # 8 rows of 8 prompt tokens and 4-16 response tokens: the padding is counted apart, not as work
+        assert 8 * (8 + 4) <= update["real_tokens"] < update["padded_tokens"] == 8 * (8 + 16)
+        assert update["tokens_per_s"] > 0 and update["update_s"] > 0
+        assert update["mfu"] is None and update["peak_gib"] is None and update["estimate_gib"] >= 0  # no card on CPU
+    assert (rows["micro_batch_size"], rows["micro_batch_tokens"]) == (4, None)
+    assert (tokens["micro_batch_size"], tokens["micro_batch_tokens"]) == (None, 48)
