@@ -204,6 +204,13 @@ class HFEngine(Engine):
         """Restart the sampling stream (each call draws its seed from it, `generate`)."""
         self._generator.manual_seed(seed)
 
+    def sampling_state(self) -> torch.Tensor:
+        """Where the sampling stream is (a checkpoint keeps it: `rlfarm.engines.streams`)."""
+        return self._generator.get_state()
+
+    def set_sampling_state(self, state: torch.Tensor) -> None:
+        self._generator.set_state(state)
+
     @torch.no_grad()
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         own = self._tensors()

@@ -17,9 +17,12 @@ under, and the learner reports `partial_ratio` and the samples' version spans (`
 launched after a push still starts from the pushed weights (its `min_version`), so the bound k holds.
 `algo.synthetic_lengths` (a SPEED-RUN setting, `rlfarm.engines.synthetic_lengths`) ends each sample at a drawn
 length; the summary names it.
-Checkpoints (`run.checkpoint_every_*`, SIGTERM → preempted.pt) and `resume=` continue after the saved update
-(the rollouts in flight, partial samples included, are not saved: they are dropped, and a resumed run generates
-its steps afresh from the checkpoint's weights, with new prompt streams; no sample is trained on twice).
+Checkpoints (`run.checkpoint_every_*`, SIGTERM → preempted.pt) and `resume=` continue after the saved update. The
+rollouts in flight, partial samples included, are not saved: they are dropped, and the resumed run generates those
+steps again from the checkpoint's weights, from where the random streams stood after the step trained last (the
+engines' prompt and sampling streams, the learner's generators: `rlfarm.engines.streams`). So at k = 0 a resumed
+run's updates are the uninterrupted run's; at k > 0 it draws the dropped steps' prompts and noise again, with newer
+weights. No sample is trained on twice.
 An engine or scorer that dies is restarted by Ray (`run.max_restarts`, over the object store or CUDA IPC: a
 broadcast group cannot take a new member): a restarted engine gets the newest publication, and every part of the
 steps in flight that the dead role had not finished is generated (or scored) again before the learner sees the
@@ -162,6 +165,7 @@ class LLMLoop(SyncLoop):
         self.restartable = {f"labeler {i}" for i in range(len(self.scorers))} | (
             set() if uses_group(self.sync_plan.transport) else {f"engine {i}" for i in range(len(self.engines))})
         self.ahead: deque[Launched] = deque()  # rollouts in flight, oldest first
+        self.streams: list[dict] | None = None  # each engine's random streams after the step trained last
         self._current: Launched | None = None  # the one popped off `ahead`, being waited for
         self.version = 0  # the learner's version of the weights pushed last (its counter: read, then followed)
         self._published: dict[int, ray.ObjectRef] = {}  # learner rank → its newest publication
@@ -277,6 +281,7 @@ class LLMLoop(SyncLoop):
         if self.time_shared:  # colocated: these engines free the GPU while the learner trains
             self._ask([(self._name(e), e.sleep.remote()) for e in self.time_shared], "sleep")
         metrics = self.learners.update(batch.generated, batch.rewards)         # 2. advantages + update
+        self.streams = [s.pop("streams") for s in stats]  # what a checkpoint after this update continues from
         updated_at = time.monotonic()
         if self.time_shared:
             self._ask([(self._name(e), e.wake.remote()) for e in self.time_shared], "wake")
@@ -351,14 +356,21 @@ class LLMLoop(SyncLoop):
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def _save(self, path: str, extra: dict) -> str:
-        return self.learners.save(path, extra)
+        return self.learners.save(path, {**extra, "engine_streams": self.streams})
 
     def _load(self, path: str) -> dict:
-        """Every learner rank restores weights, AdamW state and version (the engine gets them at the first sync)."""
-        return self.learners.load(path)
+        """Every learner rank restores weights, AdamW state, version and generators (the engines get the weights at
+        the first sync); the engines' streams are kept for `_resume`."""
+        extra = self.learners.load(path)
+        self.streams = extra.get("engine_streams")
+        return extra
 
     def _resume(self, path: str) -> None:
-        """The engines draw new prompt and sampling streams (all the same), seeded by the update it resumes after."""
+        """The engines continue their prompt and sampling streams from where the checkpoint's step left them; from
+        a checkpoint without them (written before any update, or by an older rlfarm), new streams (all the same),
+        seeded by the update it resumes after."""
         super()._resume(path)
+        streams = self.streams if self.streams and len(self.streams) == len(self.engines) else None
         seed = int(self.cfg.seed) * 1_000_003 + self.progress["updates"]
-        self._ask([(f"engine {i}", e.reseed.remote(seed)) for i, e in enumerate(self.engines)], "reseed")
+        self._ask([(f"engine {i}", e.reseed.remote(streams[i] if streams else seed))
+                   for i, e in enumerate(self.engines)], "reseed")

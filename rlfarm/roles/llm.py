@@ -39,6 +39,7 @@ from rlfarm.data_parallel import full_tensors, is_sharded, join_data_parallel, s
 from rlfarm.engines.base import load_into
 from rlfarm.engines.hf import HFEngine
 from rlfarm.engines.sampling import Rows
+from rlfarm.engines.streams import engine_streams, restore_torch_streams, set_engine_streams, torch_streams
 from rlfarm.envs.text_tasks import DigitTokenizer, TextTaskSpec, text_task, text_tokenizer
 from rlfarm.models.lm import causal_lm, compute_dtype, trainable_state_dict
 from rlfarm.rewards.rollouts import score_rollout
@@ -104,8 +105,7 @@ class EngineRole:
         self.task = text_task(self.spec)
         device = assigned_device()
         policy = _policy(cfg).to(compute_dtype(dtype, device))
-        self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed,
-                               **(engine or {}))
+        self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed, **(engine or {}))
         self.max_new_tokens = cfg.max_new_tokens or self.task.max_new_tokens
         self.receiver: WeightReceiver = PassThroughReceiver()  # the object store, until `open_sync` picks another
         self.stages = StageClock("generate", "receive")
@@ -127,19 +127,19 @@ class EngineRole:
 
     def generate_with_stats(self, min_version: int = 0, timeout_s: float = 600.0
                             ) -> tuple[tuple[Rollout, list[str]], dict]:
-        """`generate`, and what the driver reads without fetching the rollout (call with num_returns=2):
-        {"generate_s", "tokens", "policy_version": the learner's version of the weights that generated it}."""
+        """`generate`, and what the driver reads without fetching the rollout (call with num_returns=2): {"generate_s",
+        "tokens", "policy_version" (the learner's, of the weights used), "streams" (after it, for a checkpoint)}."""
         started = time.perf_counter()
         with self.stages.timing("generate"):
             generated = self.generate(min_version, timeout_s)
         rollout = generated[0]
         return generated, {"generate_s": time.perf_counter() - started, "tokens": int(rollout.response_mask.sum()),
-                           "policy_version": rollout.weight_version}
+                           "policy_version": rollout.weight_version, "streams": engine_streams(self.task, self.engine)}
 
-    def reseed(self, seed: int) -> None:
-        """A resumed run: new prompt and sampling streams, so it does not replay the first run's prompts."""
-        self.task = text_task(replace(self.spec, seed=seed))
-        self.engine.reseed(seed)
+    def reseed(self, streams: int | dict) -> None:
+        """New prompt and sampling streams from a seed (a restarted engine), or, resuming, both continued from the
+        "streams" a step's `generate_with_stats` returned (`rlfarm.engines.streams`)."""
+        set_engine_streams(self.task, self.engine, streams)
 
     def device(self) -> str:
         return str(self.engine.device)
@@ -371,7 +371,6 @@ class LMLearner:
         the critic's state under gae. `extra`: the driver's counters. Loadable with torch.load(weights_only=True)."""
         if is_sharded(self.model):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
             model, optimizer = get_state_dict(self.model, self.optimizer,
                                               options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         elif self.rank == 0:
@@ -379,7 +378,7 @@ class LMLearner:
         if self.rank == 0:
             critic = {} if self.critic is None else {"critic": self.critic.state_dict()}
             save_atomic({"model": model, "optimizer": optimizer, "version": self.version, "extra": extra or {},
-                         **critic}, path)
+                         "rng": torch_streams(self.cfg.device), **critic}, path)
         return path
 
     def load(self, path: str) -> dict:
@@ -388,7 +387,6 @@ class LMLearner:
         state = torch.load(path, map_location="cpu", weights_only=True)
         if is_sharded(self.model):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
             self._gather()
@@ -398,4 +396,5 @@ class LMLearner:
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
         self.version = int(state["version"])
+        pass  # TMPOFF
         return dict(state["extra"])
