@@ -56,19 +56,25 @@ def wrap_data_parallel(model: nn.Module, device: torch.device | str) -> nn.Modul
                                                broadcast_buffers=False)
 
 
-def shard_model(model: nn.Module) -> nn.Module:
+def shard_model(model: nn.Module, compute_dtype: torch.dtype = torch.float32) -> nn.Module:
     """FSDP2 over the default group, in place: each transformer block (the classes the model names in
     `_no_split_modules`, e.g. Qwen2DecoderLayer) is one unit — gathered for its own forward and backward only —
     and the root holds the rest (embeddings, final norm, head). Parameters become DTensor shards: build the
-    optimizer after this. Frozen parameters (a LoRA base) are sharded too; only trainable ones get gradients."""
-    from torch.distributed.fsdp import fully_shard
+    optimizer after this. Frozen parameters (a LoRA base) are sharded too; only trainable ones get gradients.
+    compute_dtype other than float32 (bf16 on GPUs): the shards stay fp32 (weights, gradients, AdamW), but a unit
+    is gathered and computes in that dtype and gradients are reduced in fp32 (FSDP's mixed precision). Under
+    autocast alone the fp32 gathered weights were cast per layer, and autocast kept every cast until the forward
+    ended: a whole bf16 copy of the model (15 GB at 7B) on top of the shards, and twice the gather's bytes."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    precision = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) \
+        if compute_dtype != torch.float32 else MixedPrecisionPolicy()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     blocks = set(getattr(base, "_no_split_modules", None) or [])
     for module in model.modules():
         if type(module).__name__ in blocks:
-            fully_shard(module)
-    fully_shard(model)
+            fully_shard(module, mp_policy=precision)
+    fully_shard(model, mp_policy=precision)
     return model
 
 

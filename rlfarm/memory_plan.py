@@ -5,11 +5,11 @@ estimate is larger than the card the driver sees (`run.memory_check=false` skips
 An estimate from formulas, not a measurement (GiB = 2^30 bytes):
 - learner state: fp32 weights, fp32 gradients and AdamW's two fp32 moments, 16 B per trained parameter (under LoRA
   4 B per frozen one), over the ranks under FSDP;
-- learner work: activations kept for the backward pass, `ACTIVATION_BYTES` × hidden per token and layer (below);
-  autocast's bf16 copies of the weights, 2 B per parameter; the head's logits ×3 in fp32 (logits, log-softmax,
-  their gradient), at most `LOGIT_BUDGET` elements at once (the head runs in chunks:
-  `rlfarm.models.lm.ScoringHead`); under FSDP two blocks gathered in fp32 (one prefetched); with activation
-  checkpointing, each block's fp32 input per token instead, and one block's activations; under FSDP, rank 0's
+- learner work: activations kept for the backward pass, `ACTIVATION_BYTES` × hidden per token and layer (below),
+  or with activation checkpointing each block's fp32 input per token and one block's activations; the weights in
+  bf16 for compute, 2 B per parameter (autocast's copies; under FSDP the root unit and two gathered blocks,
+  `rlfarm.data_parallel.shard_model`); the head's logits ×3 in fp32 (logits, log-softmax, their gradient), at most
+  `LOGIT_BUDGET` elements at once (the head runs in chunks: `rlfarm.models.lm.ScoringHead`); under FSDP, rank 0's
   whole bf16 copy of the trainable weights that it publishes;
 - engine: its weights in the run's dtype, the KV cache (slots × (prompt + cap) tokens × layers × 2 × kv heads ×
   head dim) and one decode step's fp32 logits.
@@ -79,9 +79,13 @@ def learner_bytes(shape: LMShape, *, ranks: int, fsdp: bool, tokens: int, lora_p
     logits = min(tokens * shape.vocab, LOGIT_BUDGET)  # the head runs in chunks (rlfarm.models.lm.ScoringHead)
     per_layer = ACTIVATION_BYTES * shape.hidden * tokens
     activations = (4 * shape.hidden * tokens * shape.layers + per_layer) if recompute else per_layer * shape.layers
+    sharded = fsdp and ranks > 1
+    # bf16 weights in compute: autocast's casts of the whole model on one rank; under FSDP's mixed precision the
+    # root unit (embeddings, head) gathered in bf16 for the whole pass, and two blocks (one prefetched)
+    outside_blocks = shape.params - shape.layers * shape.block_params
     return {"state": state / shards, "activations": activations,
-            "autocast": 2 * shape.params / shards, "logits": 3 * 4 * logits,
-            "gathered": 2 * 4 * shape.block_params if fsdp and ranks > 1 else 0,
+            "autocast": 2 * (outside_blocks if sharded else shape.params), "logits": 3 * 4 * logits,
+            "gathered": 2 * 2 * shape.block_params if sharded else 0,
             # under FSDP rank 0 keeps the whole trainable weights, gathered in bf16, to publish (counted on each rank)
             "publish_copy": 2 * (lora_params or shape.params) if fsdp and ranks > 1 else 0}
 

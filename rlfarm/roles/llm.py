@@ -35,7 +35,7 @@ from rlfarm.algos.grpo_lm import GRPOConfig, rollout_metrics, update_policy
 from rlfarm.algos.model_flops import UpdateFigures
 from rlfarm.algos.versions import version_metrics
 from rlfarm.data import Rollout, concat_rollouts
-from rlfarm.data_parallel import full_tensors, is_sharded, join_data_parallel, shard_model, wrap_data_parallel
+from rlfarm.data_parallel import is_sharded, join_data_parallel, shard_model, wrap_data_parallel
 from rlfarm.engines.base import load_into
 from rlfarm.engines.hf import HFEngine
 from rlfarm.engines.sampling import Rows
@@ -45,6 +45,7 @@ from rlfarm.models.lm import causal_lm, compute_dtype, trainable_state_dict
 from rlfarm.rewards.rollouts import score_rollout
 from rlfarm.rewards.verifiers import get_verifier
 from rlfarm.roles.base import role
+from rlfarm.roles.gathered_weights import GatheredWeights
 from rlfarm.roles.common import (assigned_device, limit_threads, release_cached_memory, save_atomic,
                                  serve_rendezvous_here)
 from rlfarm.roles.stage_clock import StageClock
@@ -53,13 +54,16 @@ from rlfarm.sync import HostSender, PassThroughReceiver, WeightReceiver, WeightS
 from rlfarm.sync.transport import SenderSetup, open_receiver
 
 
-def _policy(cfg: GRPOConfig, lora: bool = True) -> torch.nn.Module:
+def _policy(cfg: GRPOConfig, lora: bool = True, device: str = "cpu") -> torch.nn.Module:
     """Learner and engine build the same policy (the same seed makes the same LoRA adapters), in float32; lora=False:
-    the same weights without adapters (the PPO critic's start). Vocabulary: `cfg.vocab_size` or the digit task's."""
+    the same weights without adapters (the PPO critic's start). Vocabulary: `cfg.vocab_size` or the digit task's.
+    Built on `device` if a GPU (a 7B shape's random init takes minutes on a CPU thread): learner and engines are
+    on GPUs alike or on CPUs alike in every layout, so the same seed still gives them the same weights."""
     torch.manual_seed(cfg.seed)
     source = cfg.model if isinstance(cfg.model, str) else {  # model.source: a pretrained model, its own config
         **cfg.model, "vocab_size": cfg.vocab_size or DigitTokenizer().vocab_size}
-    return causal_lm(source, lora=cfg.lora if lora else None, recompute=cfg.activation_checkpointing)
+    with torch.device(device if torch.device(device).type == "cuda" and not isinstance(source, str) else "cpu"):
+        return causal_lm(source, lora=cfg.lora if lora else None, recompute=cfg.activation_checkpointing)
 
 
 def gpu_location() -> tuple[str, int]:
@@ -104,7 +108,7 @@ class EngineRole:
         self.spec = _task_spec(cfg, task)
         self.task = text_task(self.spec)
         device = assigned_device()
-        policy = _policy(cfg).to(compute_dtype(dtype, device))
+        policy = _policy(cfg, device=device).to(compute_dtype(dtype, device))
         self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed, **(engine or {}))
         self.max_new_tokens = cfg.max_new_tokens or self.task.max_new_tokens
         self.receiver: WeightReceiver = PassThroughReceiver()  # the object store, until `open_sync` picks another
@@ -226,7 +230,7 @@ class LMLearner:
         self.cfg = replace(cfg, device=assigned_device())
         self.rank, self.world_size = rank, world_size
         self.compute_dtype = compute_dtype(dtype, self.cfg.device)
-        self.model = _policy(cfg).to(self.cfg.device).eval()  # fp32 weights: autocast computes in bf16
+        self.model = _policy(cfg, device=self.cfg.device).eval()  # fp32 weights: autocast computes in bf16
         self.trainer = self.model  # what the update runs: the DDP wrapper (or the sharded model) once the ranks joined
         self.optimizer = self._optimizer()
         self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if cfg.kl_coef else None
@@ -236,7 +240,7 @@ class LMLearner:
         self.version = 0
         self.sender: WeightSender = HostSender()  # the object store, until `join_sync` builds another
         self._sync: SenderSetup | None = None  # open_sync's half of the handshake
-        self._gathered: dict[str, torch.Tensor] = {}  # under FSDP, rank 0: the whole trainable tensors
+        self.gathered = GatheredWeights(rank, self.compute_dtype)  # under FSDP, rank 0: what it publishes
         self.publish_s, self.updates = 0.0, 0  # publish_s: the last `publish`'s time, sent with the next update
         self.figures = UpdateFigures(self.model, self.cfg.device, world_size)  # learner_tflops, mfu, peak GiB
         self.stages = StageClock("update", "publish")
@@ -252,27 +256,16 @@ class LMLearner:
 
     def _published(self) -> dict[str, torch.Tensor]:
         """The trainable tensors in the engine's dtype (half the bytes to move under bf16). Under FSDP the
-        ranks gathered them together after the update (`_gather`): only rank 0 publishes, alone."""
+        ranks gathered them together after the update (`GatheredWeights`): only rank 0 publishes, alone."""
         if is_sharded(self.model):
-            return self._gathered
+            return self.gathered.tensors
         return {name: t.to(self.compute_dtype) for name, t in trainable_state_dict(self.model).items()}
-
-    def _gather(self) -> None:
-        """FSDP, every rank at once: all-gather the trainable shards; rank 0 (the one that publishes under FSDP)
-        keeps them (in the engine's dtype) for the next publish, the others drop them. One tensor at a time, so a
-        rank holds one extra at most."""
-        gathered = {}
-        for name, shard in trainable_state_dict(self.model).items():
-            whole = full_tensors({name: shard})[name]
-            if self.rank == 0:
-                gathered[name] = whole.to(self.compute_dtype)
-        self._gathered = gathered
 
     def open_sync(self, transport: str, engines: int = 1) -> str | None:
         """A publishing rank (rank 0; under IPC each rank sharing an engine's GPU), once: start the weight sync to
         `engines` engines by `transport`. Returns the address they join (`EngineRole.open_sync`) when the
         transport is a process group (None otherwise)."""
-        if self.rank and is_sharded(self.model):  # its gathered tensors were dropped (`_gather`)
+        if self.rank and is_sharded(self.model):  # it keeps no gathered tensors (`GatheredWeights`)
             raise ValueError("under FSDP only learner rank 0 publishes weights")
         self._sync = SenderSetup(transport, engines)
         return self._sync.address
@@ -280,6 +273,7 @@ class LMLearner:
     def join_sync(self) -> None:
         """Build the sender, once, while the engines run their `open_sync` (a broadcast: all join the group)."""
         self.sender = self._sync.open(self._published(), self.cfg.device)
+        self.gathered.adopt(self.sender)  # under FSDP with IPC: gather straight into the sender's shared buffers
 
     def publish(self) -> tuple[object, int]:
         """Send the trainable tensors to the engines; returns (what each engine's `receive` reads: the host
@@ -310,9 +304,9 @@ class LMLearner:
         join_data_parallel(self._dp_rendezvous if self.rank == 0 else address, self.rank, self.world_size,
                            self.cfg.device)
         if self.cfg.data_parallel == "fsdp":
-            self.trainer = shard_model(self.model)  # in place: the parameters become shards
+            self.trainer = shard_model(self.model, self.compute_dtype)  # in place: the parameters become shards
             self.optimizer = self._optimizer()      # over the shards
-            self._gather()
+            self.gathered.gather(self.model)
         else:
             self.trainer = wrap_data_parallel(self.model, self.cfg.device)
         gpu_ids = ray.get_gpu_ids()
@@ -362,7 +356,7 @@ class LMLearner:
                                 rank=self.rank, world_size=self.world_size, compute_dtype=self.compute_dtype)
         metrics["trained_tokens"] = int(rollout.attention_mask().sum())  # the step's, all ranks': for its MFU
         if is_sharded(self.model):
-            self._gather()
+            self.gathered.gather(self.model)
         return metrics
 
     def save(self, path: str, extra: dict | None = None) -> str:
@@ -389,12 +383,12 @@ class LMLearner:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
-            self._gather()
+            self.gathered.gather(self.model)
         else:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
         self.version = int(state["version"])
-        pass  # TMPOFF
+        restore_torch_streams(state.get("rng"), self.cfg.device)  # the minibatch permutation continues
         return dict(state["extra"])

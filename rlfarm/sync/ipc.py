@@ -59,6 +59,12 @@ class IpcSender(WeightSender):
         torch.cuda.synchronize(self.device)
         return self.payload
 
+    def views(self) -> dict[str, torch.Tensor]:
+        """name → its slot in the shared buffers: a tensor written there is already packed (`send` then copies
+        each slot onto itself). An FSDP learner gathers into them (`rlfarm.roles.gathered_weights`)."""
+        return {slot.name: view for bucket, buffer in zip(self.layout.buckets, self.buffers)
+                for slot, view in zip(bucket.slots, bucket.views(buffer))}
+
 
 class IpcReceiver(WeightReceiver):
     """The engine's side: maps the sender's buffers on first use and yields views of them per dtype."""

@@ -65,8 +65,9 @@ def test_grpo_digits_stopped_early_and_resumed_still_reaches_the_target(tmp_path
     """Issue 35 item 6, and asynchronous rollouts (`algo.max_staleness = k`): a run that two engines feed one step
     ahead (k = 1) through one broadcast group (learner + 2 engines; gloo here), stopped after a few updates and resumed
     from its checkpoint, learns as a fresh run does: it reaches 0.95 within the fresh runs' budget. The resume must
-    bring back the policy, AdamW's moments and the version counter, and give the engines sampling streams of their
-    own (not the first run's again); the engines generate ahead while the learner trains, and no step is trained on
+    bring back the policy, AdamW's moments, the version counter and the random streams (the engines draw the dropped
+    in-flight step's prompts again, with the checkpoint's weights; at k = 0 a resume is exact:
+    test_grpo_resume_exact.py); the engines generate ahead while the learner trains, and no step is trained on
     more than k versions after the weights that generated it.
     The answer is capped at its 4 digits (`algo.max_new_tokens=4`), since what this test checks is the resume, not
     learning where to stop: with room for the end token, partial credit pays a 5th character 4/5, and some runs
