@@ -85,7 +85,8 @@ def learner_bytes(shape: LMShape, *, ranks: int, fsdp: bool, tokens: int, lora_p
     outside_blocks = shape.params - shape.layers * shape.block_params
     return {"state": state / shards, "activations": activations,
             "autocast": 2 * (outside_blocks if sharded else shape.params), "logits": 3 * 4 * logits,
-            "gathered": 2 * 2 * shape.block_params if sharded else 0,
+            # ... and the root unit's fp32 gradients, whole until its reduce-scatter ends the backward pass
+            "gathered": 2 * 2 * shape.block_params + 4 * outside_blocks if sharded else 0,
             # under FSDP rank 0 keeps the whole trainable weights, gathered in bf16, to publish (counted on each rank)
             "publish_copy": 2 * (lora_params or shape.params) if fsdp and ranks > 1 else 0}
 

@@ -28,7 +28,8 @@ def test_learner_state_is_16_bytes_a_parameter_sharded_and_lora_keeps_4_for_the_
     assert one["state"] == 16 * shape.params and one["gathered"] == 0
     assert one["logits"] == 3 * 4 * 100 * 1000  # under the chunk budget: the whole response's logits
     fsdp = learner_bytes(shape, ranks=4, fsdp=True, tokens=100)
-    assert fsdp["state"] == 16 * shape.params / 4 and fsdp["gathered"] == 4 * shape.block_params  # two bf16 blocks
+    assert fsdp["state"] == 16 * shape.params / 4  # two bf16 blocks, the root's fp32 gradients:
+    assert fsdp["gathered"] == 4 * shape.block_params + 4 * (shape.params - 3 * shape.block_params)
     assert learner_bytes(shape, ranks=1, fsdp=False, tokens=100, lora_params=10)["state"] == 4 * shape.params + 160
     big = learner_bytes(lm_shape({**QWEN, "vocab_size": 152_064}), ranks=1, fsdp=False, tokens=16 * 1024)
     assert big["logits"] == 3 * 4 * (1 << 26)  # the head in chunks: never the whole [tokens, vocab]

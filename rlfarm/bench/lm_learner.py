@@ -1,5 +1,5 @@
 """`rlfarm bench lm_learner`: the LLM learner's update (issue 37) — GRPO's `update_policy`, as the learner role
-runs it (fp32 weights and AdamW, bf16 autocast on CUDA, the head in chunks), on a synthetic step: `rows` samples of
+runs it (fp32 weights and AdamW (fused on CUDA), bf16 autocast on CUDA, the head in chunks), on a synthetic step: `rows` samples of
 random tokens, `prompt_len`-token prompts and responses of lengths drawn uniformly in [cap/4, cap], right-padded.
 
 Rows:
@@ -22,7 +22,7 @@ import time
 import torch
 from omegaconf import DictConfig
 
-from rlfarm.algos.grpo_lm import GRPOConfig, update_policy
+from rlfarm.algos.grpo_lm import GRPOConfig, policy_optimizer, update_policy
 from rlfarm.algos.model_flops import UpdateFigures
 from rlfarm.bench.common import sizes, synchronize, use_cpu_threads
 from rlfarm.bench.engine import model_shape
@@ -47,7 +47,7 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
     rollout = synthetic_step(rows, prompt_len, cap, int(shape["vocab_size"]), int(cfg.seed), device)
     algo = GRPOConfig(prompts_per_step=rows, group_size=1, micro_batch_size=int(size.micro_batch_size), lr=1e-6,
                       device=device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=algo.lr, weight_decay=0.0)
+    optimizer = policy_optimizer(model, algo.lr, device)
     advantages = torch.randn(rows, generator=torch.Generator().manual_seed(int(cfg.seed))).to(device)
     n = int(size.matmul)
     out = [{"case": f"matmul n{n}", "value": matmul_tflops(n, dtype, device), "unit": "TFLOP/s", "baseline": None}]

@@ -31,7 +31,7 @@ import ray
 import torch
 
 from rlfarm.algos.grpo import group_advantages
-from rlfarm.algos.grpo_lm import GRPOConfig, rollout_metrics, update_policy
+from rlfarm.algos.grpo_lm import GRPOConfig, policy_optimizer, rollout_metrics, update_policy
 from rlfarm.algos.model_flops import UpdateFigures
 from rlfarm.algos.versions import version_metrics
 from rlfarm.data import Rollout, concat_rollouts
@@ -251,8 +251,7 @@ class LMLearner:
                 "policy_version": self.version}
 
     def _optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=self.cfg.lr,
-                                 weight_decay=0.0)
+        return policy_optimizer(self.model, self.cfg.lr, self.cfg.device)
 
     def _published(self) -> dict[str, torch.Tensor]:
         """The trainable tensors in the engine's dtype (half the bytes to move under bf16). Under FSDP the
