@@ -59,7 +59,7 @@ REWARD_WINDOW = 10  # summary reward_mean: mean over the last 10 updates
 # the share of samples whose tokens span several weight versions (partial rollouts)
 STAGE_KEYS = ("step_s", "generate_s", "wait_s", "score_s", "update_s", "sync_s", "publish_s",
               "generated_tokens_per_s", "step_samples_per_s", "step_tokens_per_s", "engine_busy", "learner_busy",
-              "partial_ratio", "learner_tflops", "mfu", "learner_peak_gib")
+              "partial_ratio", "learner_tflops", "mfu", "learner_peak_gib", "engine_peak_gib")
 
 
 def grpo_config(cfg: DictConfig) -> GRPOConfig:
@@ -296,7 +296,8 @@ class LLMLoop(SyncLoop):
             "step_samples_per_s": self.samples_per_update / max(step_s, 1e-9),
             "step_tokens_per_s": tokens / max(step_s, 1e-9),
             "engine_busy": min(1.0, sum(generate) / (len(generate) * max(step_s, 1e-9))),
-            "learner_busy": min(1.0, metrics["update_s"] / max(step_s, 1e-9))}
+            "learner_busy": min(1.0, metrics["update_s"] / max(step_s, 1e-9)),
+            "engine_peak_gib": max((s["peak_gib"] for s in stats if s.get("peak_gib") is not None), default=None)}
 
     def _name(self, engine) -> str:
         return f"engine {self.engines.index(engine)}"

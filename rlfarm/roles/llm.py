@@ -34,6 +34,7 @@ from rlfarm.algos.grpo import group_advantages
 from rlfarm.algos.grpo_lm import GRPOConfig, policy_optimizer, rollout_metrics, update_policy
 from rlfarm.algos.model_flops import UpdateFigures
 from rlfarm.algos.versions import version_metrics
+from rlfarm.memory_plan import measured_peak_gib
 from rlfarm.data import Rollout, concat_rollouts
 from rlfarm.data_parallel import is_sharded, join_data_parallel, shard_model, wrap_data_parallel
 from rlfarm.engines.base import load_into
@@ -132,13 +133,15 @@ class EngineRole:
     def generate_with_stats(self, min_version: int = 0, timeout_s: float = 600.0
                             ) -> tuple[tuple[Rollout, list[str]], dict]:
         """`generate`, and what the driver reads without fetching the rollout (call with num_returns=2): {"generate_s",
-        "tokens", "policy_version" (the learner's, of the weights used), "streams" (after it, for a checkpoint)}."""
+        "tokens", "policy_version" (the learner's, of the weights used), "streams" (after it, for a checkpoint),
+        "peak_gib" (the engine process's peak CUDA memory during it)}."""
         started = time.perf_counter()
         with self.stages.timing("generate"):
             generated = self.generate(min_version, timeout_s)
         rollout = generated[0]
         return generated, {"generate_s": time.perf_counter() - started, "tokens": int(rollout.response_mask.sum()),
-                           "policy_version": rollout.weight_version, "streams": engine_streams(self.task, self.engine)}
+                           "policy_version": rollout.weight_version, "streams": engine_streams(self.task, self.engine),
+                           "peak_gib": measured_peak_gib(str(self.engine.device))}  # this generation's (None: CPU)
 
     def reseed(self, streams: int | dict) -> None:
         """New prompt and sampling streams from a seed (a restarted engine), or, resuming, both continued from the

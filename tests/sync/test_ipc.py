@@ -94,3 +94,26 @@ def test_an_engine_on_another_gpu_is_refused():
     _, received = run_ipc(lora=False, engine_device="cuda:1", syncs=1)
     error = received[0][2]["error"]
     assert "needs the engine on the learner's GPU" in error and "algo.weight_sync=broadcast" in error
+
+
+@pytest.mark.gpu
+@needs_gpus(1)
+def test_an_fsdp_learner_gathers_straight_into_the_ipc_buffers():
+    """GatheredWeights.adopt (rank 0 of an FSDP learner): after it, a gather writes each whole tensor into the
+    sender's shared buffers — one copy of the weights on the GPU, not two — and what the engine maps is the newest
+    version; `send` then copies each slot onto itself, unchanged."""
+    from rlfarm.roles.gathered_weights import GatheredWeights
+
+    model = policy(seed=0, lora=False).cuda()
+    gathered = GatheredWeights(rank=0, dtype=torch.bfloat16)
+    gathered.gather(model)  # plain tensors pass through the all-gather: one rank
+    sender = IpcSender(gathered.tensors, "cuda")
+    gathered.adopt(sender)
+    starts = [buffer.data_ptr() for buffer in sender.buffers]
+    ends = [start + buffer.numel() for start, buffer in zip(starts, sender.buffers)]
+    assert all(any(a <= t.data_ptr() < b for a, b in zip(starts, ends)) for t in gathered.tensors.values())
+    perturb(model, seed=5)
+    gathered.gather(model)
+    sender.send(gathered.tensors)
+    for name, tensor in trainable_state_dict(model).items():
+        assert torch.equal(sender.views()[name], tensor.to(torch.bfloat16)), name
