@@ -43,6 +43,7 @@ from rlfarm.envs.text_tasks import TextTaskSpec
 from rlfarm.errors import ConfigError
 from rlfarm.loops.deadlines import FED_BY_REFS, WATCH, RoleDied, Watched, died
 from rlfarm.loops.llm_layout import WeightSyncPlan, plan_weight_sync, sharing_rank
+from rlfarm.loops.llm_memory import shape_vocab
 from rlfarm.loops.progress import Progress
 from rlfarm.loops.skeleton import SyncLoop
 from rlfarm.loops.learner_group import rank_name, start_learner_group
@@ -75,17 +76,6 @@ def grpo_config(cfg: DictConfig) -> GRPOConfig:
                       model=str(source) if source else OmegaConf.to_container(cfg.model.config, resolve=True),
                       lora=OmegaConf.to_container(cfg.model.lora, resolve=True) if cfg.model.get("lora") else None,
                       verifier=cfg.reward.verifier, seed=int(cfg.seed))
-
-
-def shape_vocab(cfg: DictConfig) -> int | None:
-    """model.vocab=shape (speed runs): a built model keeps its shape's vocabulary (e.g. Qwen2.5's 152,064 rows: the
-    head's real cost) rather than the task tokenizer's; the tokens past the tokenizer's decode as '?'."""
-    if cfg.model.get("source") or cfg.model.get("vocab", "task") == "task":
-        return None
-    if cfg.model.vocab != "shape":
-        raise ConfigError(f"model.vocab must be task or shape, got {cfg.model.vocab!r}",
-                          "use model.vocab=task (the task tokenizer's) or model.vocab=shape (the shape's own)")
-    return int(cfg.model.config.vocab_size)
 
 
 def text_task_spec(cfg: DictConfig) -> TextTaskSpec:

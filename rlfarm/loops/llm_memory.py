@@ -28,10 +28,20 @@ def model_shape(cfg: DictConfig) -> LMShape | None:
 
         return lm_shape(json.loads(config.read_text()))
     from rlfarm.envs.text_tasks import DigitTokenizer
-    from rlfarm.loops.llm import shape_vocab
 
     return lm_shape(OmegaConf.to_container(cfg.model.config, resolve=True),
                     vocab=shape_vocab(cfg) or DigitTokenizer().vocab_size)
+
+
+def shape_vocab(cfg: DictConfig) -> int | None:
+    """model.vocab=shape (speed runs): a built model keeps its shape's vocabulary (e.g. Qwen2.5's 152,064 rows: the
+    head's real cost) rather than the task tokenizer's; the tokens past the tokenizer's decode as '?'."""
+    if cfg.model.get("source") or cfg.model.get("vocab", "task") == "task":
+        return None
+    if cfg.model.vocab != "shape":
+        raise ConfigError(f"model.vocab must be task or shape, got {cfg.model.vocab!r}",
+                          "use model.vocab=task (the task tokenizer's) or model.vocab=shape (the shape's own)")
+    return int(cfg.model.config.vocab_size)
 
 
 def sequence_tokens(cfg: DictConfig) -> tuple[int, int, str]:
