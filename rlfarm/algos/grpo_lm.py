@@ -105,13 +105,16 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
     # pieces of one size whatever the number of rows kept (`rlfarm.algos.micro_batches`)
     size = piece_rows(max(len(input_ids), cfg.prompts_per_step * cfg.group_size), cfg.minibatches, world_size,
                       cfg.micro_batch_size)
+    spans = row_spans(attention_mask).tolist() if cfg.micro_batch_tokens else None
     if cfg.is_correction != "none" and not anchored_here:
-        every = torch.arange(len(input_ids), device=device)
+        # every rank scores every row, in the pieces a single rank would cut (the same count on all: FSDP gathers)
+        old_logprobs = torch.zeros_like(engine_logprobs)
         with torch.no_grad(), autocast_to(device, compute_dtype):
-            old_logprobs = torch.cat([sequence_logprobs(model, input_ids[rows], attention_mask[rows], response_start,
-                                                        rollout.temperature).float()
-                                      for rows, _ in padded_pieces(every, torch.ones_like(every), size)])
-        old_logprobs = old_logprobs[:len(input_ids)]  # the padding rows come last
+            for rows, _, first, end in rank_pieces(torch.arange(len(input_ids), device=device), spans, 0, 1, size,
+                                                   cfg.micro_batch_tokens, response_start, input_ids.shape[1]):
+                old_logprobs[rows, :end - response_start] = sequence_logprobs(
+                    model, input_ids[rows, first:end], attention_mask[rows, first:end], response_start - first,
+                    rollout.temperature).float()
         is_weights, capped = truncated_is_weights(old_logprobs, engine_logprobs, response_mask, cfg.is_correction,
                                                   cfg.is_cap)
         correction = {"is_capped_fraction": float(capped)}
@@ -122,7 +125,6 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
         dist.broadcast(order, src=0)  # one permutation for all ranks, whatever their generators hold
     model.train()
     totals = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 0.0}
-    spans = row_spans(attention_mask).tolist() if cfg.micro_batch_tokens else None
     for index, rows in enumerate(order.chunk(cfg.minibatches)):
         num_tokens = response_mask[rows].sum().float()  # the whole minibatch's: every term's denominator
         optimizer.zero_grad(set_to_none=True)

@@ -105,16 +105,19 @@ def test_token_pieces_hold_the_budget_cover_every_row_once_and_match_across_rank
     assert (first, end) == (0, 12)
 
 
-def test_an_update_in_token_pieces_cut_to_their_columns_equals_the_whole_minibatch(one_torch_thread, monkeypatch):
+@pytest.mark.parametrize("is_correction", ["none", "token_tis"])
+def test_an_update_in_token_pieces_cut_to_their_columns_equals_the_whole_minibatch(one_torch_thread, monkeypatch,
+                                                                                    is_correction):
     """Rows sorted by length, pieces of ≤ 40 tokens, each computing only its own columns (left padding of
     different prompt lengths and right padding of long-tail responses cut), and the head in chunks: the same loss,
-    gradient norm and weights as one forward/backward over the whole padded minibatch."""
+    gradient norm and weights as one forward/backward over the whole padded minibatch. With token TIS over two
+    minibatches the learner's own logprobs before the update are scored in the same pieces first."""
     import rlfarm.algos.micro_batches as micro_batches
     import rlfarm.models.lm as lm
 
     monkeypatch.setattr(micro_batches, "WIDTH_STEP", 1)  # tiny rows: cut to the column
     monkeypatch.setattr(lm, "LOGIT_BUDGET", 3 * 15)  # 3 tokens' logits at once
-    cfg = GRPOConfig(prompts_per_step=8, group_size=2, seed=0, minibatches=2)
+    cfg = GRPOConfig(prompts_per_step=8, group_size=2, seed=0, minibatches=2, is_correction=is_correction)
     torch.manual_seed(cfg.seed)
     task = DigitTask(cfg.task, cfg.num_digits, seed=cfg.seed)
     model = causal_lm({**TINY_QWEN2, "vocab_size": task.tokenizer.vocab_size}).eval()
@@ -136,7 +139,8 @@ def test_an_update_in_token_pieces_cut_to_their_columns_equals_the_whole_minibat
     expected, got = results
     assert len(widths) > 2 and all(rows * columns <= 40 or rows == 1 for rows, columns in widths)
     assert min(columns for _, columns in widths) < rollout.input_ids().shape[1]  # pieces were cut
-    for key in ("loss", "grad_norm", "clip_fraction", "approx_kl", "engine_logprob_gap"):
+    assert set(got) == set(expected) and ("is_capped_fraction" in got) == (is_correction != "none")
+    for key in got:
         assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
     for (name, a), b in zip(whole.named_parameters(), pieces.parameters()):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=name)
