@@ -2,7 +2,7 @@
 the same bytes measured in the same run.
 
 The state is the trainable tensors of a Qwen2.5-0.5B-shaped model (random weights, bf16 on CUDA; a tiny
-float32 model on CPU). This process is the learner (rank 0, first GPU); a second process (`python -m
+float32 model on CPU), or of a named shape (`bench.shape=qwen2_5_7b_shape`: 15.2 GB, a 7B policy's publication). This process is the learner (rank 0, first GPU); a second process (`python -m
 rlfarm.bench.sync <request.json>`, second GPU) holds a real `HFEngine` on the same architecture. Cases:
 - `raw copy <src>→<dst>`: one flat buffer of the state's bytes copied device to device (the baseline);
 - `broadcast`: `BroadcastSender` → `BroadcastReceiver` → `HFEngine.update_weights` (NCCL on GPUs, gloo on
@@ -31,6 +31,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.bench.common import sizes
+from rlfarm.bench.engine import model_shape
 from rlfarm.engines.base import load_into
 from rlfarm.engines.hf import HFEngine
 from rlfarm.models.lm import build_causal_lm, trainable_state_dict
@@ -50,7 +51,7 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
     os.environ.setdefault("NCCL_DEBUG", "WARN")  # NCCL says why, should a transfer fail
     learner_device, engine_device = devices(device)
     dtype = str(cfg.dtype) if device == "cuda" else "float32"
-    model_cfg = OmegaConf.to_container(size.model, resolve=True)
+    model_cfg = model_shape(cfg.get("shape"), size.model)
     repeats = int(size.repeats)
     learner = build_model(model_cfg, dtype, learner_device, seed=0)
     state = trainable_state_dict(learner)
