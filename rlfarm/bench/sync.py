@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from rlfarm.bench.common import sizes
 from rlfarm.bench.engine import model_shape
