@@ -116,7 +116,9 @@ def plan_lines(cfg: DictConfig, plan: Plan) -> list[str]:
 
 
 def check_fits(cfg: DictConfig, plan: Plan) -> None:
-    """Refuse a layout with a GPU whose estimated peak exceeds the card the driver sees (none seen: no check)."""
+    """Refuse a layout with a GPU whose estimated peak exceeds the card the driver sees (none seen: no check).
+    A wrong model.vocab is refused here too, at preflight, before a run directory exists."""
+    shape_vocab(cfg)
     card = visible_card_bytes() if cfg.run.get("memory_check", True) else None
     estimates = gpu_estimates(cfg, plan) if card else None
     if not estimates:

@@ -221,6 +221,8 @@ CASES = [
                  "algo.weight_sync must be one of auto|object_store|broadcast|ipc", id="grpo-unknown-weight-sync"),
     pytest.param(["train", "experiment=grpo_digits", "algo.data_parallel=zero3"],
                  "algo.data_parallel must be one of ddp|fsdp", id="grpo-unknown-data-parallel"),
+    pytest.param(["train", "experiment=grpo_long_tail", "topology=local_llm", "model.vocab=all"],
+                 "model.vocab must be task or shape, got 'all'", id="grpo-unknown-vocab"),
     pytest.param(["train", "experiment=grpo_digits", "algo.is_correction=tis"],
                  "algo.is_correction must be one of auto|none|token_tis|seq_tis", id="grpo-unknown-is-correction"),
     pytest.param(["train", "experiment=grpo_digits", "algo.is_cap=0.5"], "algo.is_cap must be >= 1",
