@@ -198,7 +198,8 @@ def policy_optimizer(model: nn.Module, lr: float, device: str | torch.device) ->
 
 
 def rank_pieces(rows: torch.Tensor, spans: list | None, rank: int, world_size: int, size: int,
-                budget: int | None, response_start: int, width: int) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
+                budget: int | None, response_start: int, width: int
+                ) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
     """This rank's forward/backward pieces of a minibatch's rows: (indices, weights, first column, end column).
     With a token budget, `micro_batches.token_pieces` (sorted by length, trimmed to their own columns); without,
     the rank's contiguous share of the rows in pieces of `size` rows, every column."""

@@ -58,50 +58,52 @@ def row_spans(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def token_pieces(rows: torch.Tensor, spans: list[tuple[int, int]], rank: int, world_size: int, budget: int,
-                 response_start: int, width_step: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
+                 response_start: int, width_step: int | None = None
+                 ) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
     """This rank's pieces of one minibatch (`rows`, indices) by a token budget, without computing padding.
 
     The minibatch's rows are sorted longest first and dealt to the ranks in turn (rank r takes every N-th), so the
     ranks' shares are alike in tokens. A rank's rows go, in that order, into pieces of at most `budget` tokens,
-    counted as rows × the piece's width: the columns from its rows' first real column to their last, rounded up
-    to `width_step` (WIDTH_STEP unless given; a row longer than the budget is a piece alone). Each piece computes only its own columns, so
-    long-tail lengths stop costing every row the longest row's columns. Every rank gets as many pieces as the rank
-    with most (FSDP gathers weights in every forward: all ranks must run the same number); the missing ones are
-    the minibatch's shortest row, weighted 0. `spans`: `row_spans` of the whole rollout, as a list.
+    counted as rows × the piece's width: the columns from its rows' first real column to their last, rounded up to
+    `width_step` (WIDTH_STEP unless given; a row longer than the budget is a piece alone). Each piece computes only
+    its own columns, so long-tail lengths stop costing every row the longest row's columns. Every rank gets as many
+    pieces as the rank with most (FSDP gathers weights in every forward: all ranks must run the same number); the
+    missing ones are the minibatch's shortest row, weighted 0. `spans`: `row_spans` of the whole rollout, as a list.
     Returns [(indices, weights, first column, end column)]; every piece keeps the column `response_start − 1`."""
-    columns = functools.partial(_columns, spans=spans, response_start=response_start,
-                                total=max(end for _, end in spans), step=width_step or WIDTH_STEP)
+    # a piece's real columns start no later than the last prompt column, which predicts the first response token
+    spans = [(min(first, response_start - 1), max(end, response_start)) for first, end in spans]
+    columns = functools.partial(_columns, total=max(end for _, end in spans), step=width_step or WIDTH_STEP)
     ordered = sorted(rows.tolist(), key=lambda row: spans[row][0] - spans[row][1])  # stable: longest first
-    shares = [_pack(ordered[r::world_size], budget, columns) for r in range(world_size)]
-    padding = ([ordered[-1]], 0.0, *columns([ordered[-1]]))
+    shares = [_pack(ordered[r::world_size], spans, budget, columns) for r in range(world_size)]
+    padding = ([ordered[-1]], 0.0, *columns(spans[ordered[-1]]))
     pieces = shares[rank] + [padding] * (max(map(len, shares)) - len(shares[rank]))
     return [(torch.tensor(part, device=rows.device), torch.full((len(part),), weight, device=rows.device), first, end)
             for part, weight, first, end in pieces]
 
 
-def _pack(rows: list[int], budget: int, columns: Callable[[list[int]], tuple[int, int]]
-          ) -> list[tuple[list[int], float, int, int]]:
-    """Rows in order into pieces while rows × width stays within the budget."""
+def _pack(rows: list[int], spans: list[tuple[int, int]], budget: int,
+          columns: Callable[[tuple[int, int]], tuple[int, int]]) -> list[tuple[list[int], float, int, int]]:
+    """Rows in order into pieces while rows × width stays within the budget (the piece's span kept as it grows)."""
     pieces: list[tuple[list[int], float, int, int]] = []
     part: list[int] = []
+    span = (0, 0)
     for row in rows:
-        first, end = columns([*part, row])
+        grown = (min(span[0], spans[row][0]), max(span[1], spans[row][1])) if part else spans[row]
+        first, end = columns(grown)
         if part and (len(part) + 1) * (end - first) > budget:
-            pieces.append((part, 1.0, *columns(part)))
-            part = []
+            pieces.append((part, 1.0, *columns(span)))
+            part, grown = [], spans[row]
         part.append(row)
+        span = grown
     if part:
-        pieces.append((part, 1.0, *columns(part)))
+        pieces.append((part, 1.0, *columns(span)))
     return pieces
 
 
-def _columns(part: list[int], spans: list[tuple[int, int]], response_start: int, total: int, step: int
-             ) -> tuple[int, int]:
-    """The columns [first, end) a piece of rows computes: its real columns (always the last prompt column, which
-    predicts the first response token), widened to a multiple of `step`, leftwards where the right edge is the
-    rollout's."""
-    first = min(min(spans[row][0] for row in part), response_start - 1)
-    last = max(max(spans[row][1] for row in part), response_start)
+def _columns(span: tuple[int, int], total: int, step: int) -> tuple[int, int]:
+    """The columns [first, end) a piece computes for its rows' real span: widened to a multiple of `step`, leftwards
+    where the right edge is the rollout's."""
+    first, last = span
     width = min(total, -(-(last - first) // step) * step)
     end = min(total, first + width)
     return end - width, end

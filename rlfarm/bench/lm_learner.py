@@ -53,7 +53,8 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
     out = [{"case": f"matmul n{n}", "value": matmul_tflops(n, dtype, device), "unit": "TFLOP/s", "baseline": None}]
     forms = {"rows": algo}
     if size.get("micro_batch_tokens"):
-        forms["tokens"] = dataclasses.replace(algo, micro_batch_size=None, micro_batch_tokens=int(size.micro_batch_tokens))
+        forms["tokens"] = dataclasses.replace(algo, micro_batch_size=None,
+                                              micro_batch_tokens=int(size.micro_batch_tokens))
     for form, settings in forms.items():
         seconds, measured = timed_update(model, optimizer, rollout, advantages, settings, dtype, int(size.repeats))
         micro_tokens = (settings.micro_batch_tokens or settings.micro_batch_size * (prompt_len + cap))

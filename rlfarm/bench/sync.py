@@ -2,8 +2,9 @@
 the same bytes measured in the same run.
 
 The state is the trainable tensors of a Qwen2.5-0.5B-shaped model (random weights, bf16 on CUDA; a tiny
-float32 model on CPU), or of a named shape (`bench.shape=qwen2_5_7b_shape`: 15.2 GB, a 7B policy's publication). This process is the learner (rank 0, first GPU); a second process (`python -m
-rlfarm.bench.sync <request.json>`, second GPU) holds a real `HFEngine` on the same architecture. Cases:
+float32 model on CPU), or of a named shape (`bench.shape=qwen2_5_7b_shape`: 15.2 GB, a 7B policy's publication).
+This process is the learner (rank 0, first GPU); a second process (`python -m rlfarm.bench.sync <request.json>`,
+second GPU) holds a real `HFEngine` on the same architecture. Cases:
 - `raw copy <src>→<dst>`: one flat buffer of the state's bytes copied device to device (the baseline);
 - `broadcast`: `BroadcastSender` → `BroadcastReceiver` → `HFEngine.update_weights` (NCCL on GPUs, gloo on
   CPU), timed in the engine process from a common barrier until its last copy is done;

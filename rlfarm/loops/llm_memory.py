@@ -65,8 +65,9 @@ def role_terms(cfg: DictConfig, learners: int, engines: int) -> dict[str, dict] 
     prompt, new, _ = sequence_tokens(cfg)
     samples = int(algo.prompts_per_step) * int(algo.group_size)
     rows = int(algo.get("micro_batch_size") or max(1, samples // int(algo.get("minibatches", 1)) // max(learners, 1)))
-    # a token budget: a piece holds at most that many (a row longer than the budget is a piece alone)
-    tokens = max(int(algo.micro_batch_tokens), prompt + new) if algo.get("micro_batch_tokens") else rows * (prompt + new)
+    tokens = rows * (prompt + new)
+    if algo.get("micro_batch_tokens"):  # a piece holds at most that many (a row longer than that is a piece alone)
+        tokens = max(int(algo.micro_batch_tokens), prompt + new)
     lora = OmegaConf.select(cfg, "model.lora")
     return {"learner": learner_bytes(shape, ranks=max(learners, 1), fsdp=algo.get("data_parallel") == "fsdp",
                                      tokens=tokens, lora_params=lora_params(shape, lora),

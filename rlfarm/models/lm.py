@@ -123,8 +123,8 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     """Log-probabilities [B, T] (float32) of the response tokens under `model` sampling at `temperature`.
     Inputs as `response_logits`. Where the response's logits would pass `logit_budget` elements (`LOGIT_BUDGET`
     unless given) and the model's head is a `ScoringHead`, the head scores the tokens itself, on chunks of tokens
-    whose logits are recomputed in the backward pass rather than kept (same values, same gradients). The model's own forward runs either way, so
-    DDP's and FSDP's hooks around it do too."""
+    whose logits are recomputed in the backward pass rather than kept (same values, same gradients). The model's
+    own forward runs either way, so DDP's and FSDP's hooks around it do too."""
     tokens, logit_budget = input_ids[:, response_start:], logit_budget or LOGIT_BUDGET
     head = scoring_head(model)
     if head is None or tokens.numel() * head.out_features <= logit_budget:

@@ -110,7 +110,8 @@ class EngineRole:
         self.task = text_task(self.spec)
         device = assigned_device()
         policy = _policy(cfg, device=device).to(compute_dtype(dtype, device))
-        self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed, **(engine or {}))
+        self.engine = HFEngine(policy, pad_id=self.task.tokenizer.pad_id, device=device, seed=cfg.seed,
+                               **(engine or {}))
         self.max_new_tokens = cfg.max_new_tokens or self.task.max_new_tokens
         self.receiver: WeightReceiver = PassThroughReceiver()  # the object store, until `open_sync` picks another
         self.stages = StageClock("generate", "receive")

@@ -43,7 +43,8 @@ def test_learner_ranks_never_share_a_gpu():
 
 
 @pytest.mark.parametrize("data_parallel,lora,micro_batch_tokens", [
-    ("ddp", None, None), ("fsdp", None, None), ("fsdp", {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}, None),
+    ("ddp", None, None), ("fsdp", None, None),
+    ("fsdp", {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}, None),
     ("fsdp", None, 30)])
 def test_two_ranks_update_like_one_learner_on_the_whole_batch(ray_cpu, one_torch_thread, data_parallel, lora,
                                                               micro_batch_tokens, tmp_path):
