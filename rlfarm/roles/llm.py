@@ -234,7 +234,8 @@ class LMLearner:
         self.cfg = replace(cfg, device=assigned_device())
         self.rank, self.world_size = rank, world_size
         self.compute_dtype = compute_dtype(dtype, self.cfg.device)
-        self.model = _policy(cfg, device=self.cfg.device).eval()  # fp32 weights: autocast computes in bf16
+        # fp32 weights (autocast computes in bf16); built on a GPU, a loaded model moved there
+        self.model = _policy(cfg, device=self.cfg.device).to(self.cfg.device).eval()
         self.trainer = self.model  # what the update runs: the DDP wrapper (or the sharded model) once the ranks joined
         self.optimizer = self._optimizer()
         self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if cfg.kl_coef else None
