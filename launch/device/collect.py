@@ -111,9 +111,9 @@ def issue36(root):
                 if (path := root / f"ceiling_{case}.json").exists()}
     runs = {name: run_figures(root / "runs" / name, root / f"gpu_{name}.csv",
                               "transitions_labeled" if name == "judge" else "updates")
-            for name in ("env_frames", "clip_bf16", "clip_fp8", "judge")}
+            for name in ("env_frames", "clip_bf16", "clip_mps", "clip_fp8", "judge")}
     rate = lambda run, key: (runs[run].get("steady") or {}).get(key)  # noqa: E731
-    ceiling = lambda name: ceilings.get(name, {}).get("img_per_s")  # noqa: E731
+    ceiling = lambda name: ceilings.get({"clip_mps": "clip_bf16"}.get(name, name), {}).get("img_per_s")  # noqa: E731
     env = rate("env_frames", "env_steps_per_s")
     checks = {
         "a_learner_in_pipeline_vs_bench": {"pipeline": rate("env_frames", "updates_per_s"), "bench": role.get("value"),
@@ -121,7 +121,7 @@ def issue36(root):
                                            "target": 0.9},
         **{f"b_{run}_labeled_vs_direct": {"labeled_per_s": rate(run, "labeled_per_s"), "direct": ceiling(run),
                                           "ratio": ratio(rate(run, "labeled_per_s"), ceiling(run)), "target": 0.9}
-           for run in ("clip_bf16", "clip_fp8")},
+           for run in ("clip_bf16", "clip_mps", "clip_fp8")},
         **{f"b_{run}_env_steps_vs_env_run": {"env_steps_per_s": rate(run, "env_steps_per_s"), "env_run": env,
                                              "ratio": ratio(rate(run, "env_steps_per_s"), env), "target": target}
            for run, target in (("clip_bf16", 0.75), ("clip_fp8", 0.9))},

@@ -8,9 +8,11 @@
 #  2. one after another ($RUNNERS runners x $NUM_ENVS sub-envs, UTD $UTD, batch $BATCH, $WALL s of acting each;
 #     launch/device/collect.py takes the rates from 10 s after the first update, the judge's from 10 s after its
 #     first labels, to run.max_wall_s):
-#     reward=env with frames rendered and unused, reward=clip (bf16), reward=clip reward.precision=fp8, and
-#     reward=vlm_judge at the ~2B shape ($JUDGE_RUNNERS runners: it labels a few hundred frames/s, and fewer chunks
-#     in flight drain within the wind-down, so that produced = labeled = stored is a fair check);
+#     reward=env with frames rendered and unused, reward=clip (bf16), reward=clip reward.precision=fp8, reward=clip
+#     topology.mps=true (clip_mps: the run's own MPS daemon, rlfarm/mps.py), and reward=vlm_judge at the ~2B shape
+#     ($JUDGE_RUNNERS runners: it labels a few hundred frames/s, and fewer chunks in flight drain within the
+#     wind-down, so that produced = labeled = stored is a fair check); while each CLIP run acts, py-spy samples its
+#     labelers for $PROFILE_S s (launch/device/pyspy_top.py condenses the stacks into $W/pyspy_<run>.json);
 #  3. launch/device/collect.py issue36 → $OUT/issue36.json (every figure; each acceptance ratio beside its baseline
 #     from this call), rewritten after each step; the logs' tails and the plan → $OUT/logs.txt.
 # UTD 0.75: the learner is then the pipeline's limit (~2,900 updates/s need ~3,900 env steps/s, which 24 runners
@@ -19,14 +21,17 @@
 # Usage (device tool, kind nvidia-h200-x2; carry .devpkgs, .gl and .wt_farm2, a copy of this tree with the mujoco,
 # mujoco-core, glfw and pyopengl wheels in .wt_farm2/whl):
 #   source .devpkgs/setup.sh && cd .wt_farm2 && export PYTHONPATH=$PWD:$PYTHONPATH && bash launch/device/issue36_split_1_1.sh
-# RUNS picks runs (default: all four, in that order); each reward run brings its own ceiling, env_frames the learner's
-# bench: e.g. RUNS=judge for a call of the judge alone (~2.5 min on a warm machine).
+# RUNS picks runs (default: env_frames clip_bf16 clip_fp8 judge, in that order; clip_mps on request); each reward run
+# brings its own ceiling (clip_mps clip_bf16's), env_frames the learner's bench: e.g. RUNS=judge for a call of the
+# judge alone (~3 min on a warm machine). TESTS=1 first runs the MPS GPU test (tests/test_mps.py).
 # DEVICE=cpu: a dry run of every command at tiny sizes on a CPU machine (GPUs declared to Ray, tiny models).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; W=${WORK:-/tmp/i36}; GL=${GL:-../.gl}; WHL=${WHL:-whl}; DEVICE=${DEVICE:-cuda}
 RUNNERS=${RUNNERS:-24}; JUDGE_RUNNERS=${JUDGE_RUNNERS:-8}; NUM_ENVS=${NUM_ENVS:-4}; UTD=${UTD:-0.75}
-BATCH=${BATCH:-1024}; WALL=${WALL:-35}; JUDGE_WALL=${JUDGE_WALL:-45}; JUDGE=${JUDGE:-qwen2-vl-2b_shape}
-HARD=${HARD:-440}   # seconds into the call by which every run must have ended (the device call's limit less the rest)
+BATCH=${BATCH:-1024}; WALL=${WALL:-35}; JUDGE=${JUDGE:-qwen2-vl-2b_shape}
+# 90 s: a cold machine's first learner update compiles for ~25 s of the judge's run (a 45-s run gave 0.31x, no figure)
+JUDGE_WALL=${JUDGE_WALL:-90}; PROFILE_S=${PROFILE_S:-12}
+HARD=${HARD:-540}   # seconds into the call by which every run must have ended (the device call's limit less the rest)
 rm -rf "$W"; mkdir -p "$OUT" "$W/runs" "$W/sync"
 log() { echo "[${SECONDS}s] $*" | tee -a "$W/timeline.txt"; }
 
@@ -47,7 +52,7 @@ else
   CLIP_SHAPE=vit-l-14; RUNS=${RUNS:-env_frames clip_bf16 clip_fp8 judge}; SIZE=(); FRAME=224
 fi
 wanted() { [[ " $RUNS " == *" $1 "* ]]; }
-CASES=$(for case in clip_bf16 clip_fp8 judge; do wanted $case && echo $case; done)
+CASES=$(for case in clip_bf16 clip_fp8 judge; do { wanted $case || { [ $case = clip_bf16 ] && wanted clip_mps; }; } && echo $case; done)
 CLIP=/tmp/clip-$CLIP_SHAPE
 collect() { python3 launch/device/collect.py issue36 "$W" > "$OUT/issue36.json.tmp" && mv "$OUT/issue36.json.tmp" "$OUT/issue36.json"; }
 logs() {  # the plan, the timeline and every log's tail, in one file
@@ -55,7 +60,12 @@ logs() {  # the plan, the timeline and every log's tail, in one file
     for f in "$W"/*.log "$W"/runs/*/train.log; do [ -f "$f" ] && { echo "== $f"; tail -n "${TAIL:-12}" "$f" | cut -c1-500; }; done
     [ -f "$W/placement.txt" ] && { echo "== nvidia-smi during env_frames"; cat "$W/placement.txt"; }
   } > "$OUT/logs.txt" 2>&1
+  cp "$W"/pyspy_*.json "$OUT"/ 2> /dev/null || true
 }
+
+if [ "${TESTS:-0}" = 1 ]; then
+  log "MPS GPU test"; timeout 120 python3 -m pytest -q -m gpu tests/test_mps.py > "$W/test_mps.log" 2>&1; log "test_mps rc=$?"
+fi
 
 # 1. the learner's bench on GPU 0 beside the reward models' direct calls on GPU 1
 log "bench learner (GPU 0) and reward ceilings (GPU 1)"
@@ -66,7 +76,7 @@ if wanted env_frames; then
     > "$W/bench_learner.log" 2>&1 &
   bench_learner=$!
 fi
-wanted clip_bf16 || wanted clip_fp8 || CLIP=/nonexistent
+wanted clip_bf16 || wanted clip_fp8 || wanted clip_mps || CLIP=/nonexistent
 [ -d "$CLIP" ] || [ "$CLIP" = /nonexistent ] || python3 -m rlfarm.rewards.clip_factory --shape $CLIP_SHAPE --out "$CLIP" > "$W/clip_factory.log" 2>&1
 log "clip model saved"
 echo "$CASES" | wc -w > "$W/sync/PEERS"
@@ -94,13 +104,29 @@ train() {  # name, seconds of acting, seconds its start-up may take at most, ove
       > "$W/gpu_$name.csv" & sampler=$!
   fi
   log "$name starts (limit ${limit} s)"
+  local spy=""; [[ $name == clip* ]] && { profile_labelers "$name" & spy=$!; }
   timeout $limit rlfarm train topology=split_1_1 env=halfcheetah run.live=false run.checkpoint=false \
     total_env_steps=100000000 env.num_envs=$NUM_ENVS algo.utd_ratio=$UTD algo.batch_size=$BATCH \
     labeler.bus_timeout_s=0.2 run.restart_timeout_s=300 run.max_wall_s=$wall reward.frame_size=$FRAME \
     hydra.run.dir="$W/runs/$name" "${SIZE[@]}" "$@" > "$W/$name.log" 2>&1
   log "$name rc=$?"
   [ -n "$sampler" ] && kill $sampler
+  [ -n "$spy" ] && { kill $spy 2> /dev/null; wait $spy 2> /dev/null; }
   collect; logs
+}
+profile_labelers() {  # py-spy on every labeler for PROFILE_S s, from 5 s after the run's first update
+  command -v py-spy > /dev/null || return 0
+  local name=$1 metrics="$W/runs/$1/metrics.jsonl"
+  until [ -f "$metrics" ] && grep -q '"updates": [1-9]' "$metrics"; do sleep 1; done
+  sleep 5
+  local pids; pids=$(pgrep -f "ray::Labeler")
+  for pid in $pids; do
+    py-spy record --pid "$pid" --duration "$PROFILE_S" --rate 50 --format raw --nonblocking \
+      --output "$W/pyspy_${name}_$pid.txt" > /dev/null 2>&1 &
+  done
+  wait
+  for f in "$W"/pyspy_"${name}"_*.txt; do [ -f "$f" ] && python3 launch/device/pyspy_top.py "$f"; done \
+    > "$W/pyspy_${name}.json" 2>&1
 }
 placement() {  # which processes hold which GPU, once the env-reward run is acting
   sleep "${PLACEMENT_AT:-45}"; has_smi && nvidia-smi > "$W/placement.txt" 2>&1
@@ -110,6 +136,8 @@ train env_frames $WALL 60 reward=env topology.roles.env_runner.count=$RUNNERS la
 [ -n "$probe" ] && kill $probe 2> /dev/null
 train clip_bf16 $WALL 120 reward=clip reward.model="$CLIP" reward.compile=true topology.roles.env_runner.count=$RUNNERS \
   labeler.bus_items=1024
+train clip_mps $WALL 120 reward=clip reward.model="$CLIP" reward.compile=true topology.roles.env_runner.count=$RUNNERS \
+  labeler.bus_items=1024 topology.mps=true
 train clip_fp8 $WALL 120 reward=clip reward.model="$CLIP" reward.precision=fp8 topology.roles.env_runner.count=$RUNNERS \
   labeler.bus_items=1024
 train judge $JUDGE_WALL 90 reward=vlm_judge reward.model=$JUDGE topology.roles.env_runner.count=$JUDGE_RUNNERS labeler.bus_items=256

@@ -18,6 +18,7 @@ from rlfarm.config import validate
 from rlfarm.config.probes import probe_reward
 from rlfarm.errors import ConfigError, Preempted, RlfarmError
 from rlfarm.families import family_of
+from rlfarm.mps import check_mps, mps_daemon
 from rlfarm.run import Run, discard_run_dir, is_run_dir
 from rlfarm.topology import PlacedTopology, plan_topology
 
@@ -34,6 +35,7 @@ def preflight(config_name: str, args: list[str]) -> None:
                           "pass the directory of an earlier rlfarm run, or resume=auto")
     family = family_of(cfg)  # what is asked of the topology, before whether the cluster holds it
     family.check_plan(cfg, plan_topology(cfg.topology, family))
+    check_mps(cfg)  # before the cluster: a joined one cannot take the run's own daemon
     check_local_cluster(cfg, args)
 
 
@@ -63,7 +65,7 @@ def task(cfg: DictConfig) -> dict:
         fail(error)
     run = None
     try:
-        with ray_session(cfg.ray, plan, float(cfg.run.restart_timeout_s)):
+        with mps_daemon(cfg, run_dir), ray_session(cfg.ray, plan, float(cfg.run.restart_timeout_s)):
             placed = PlacedTopology(plan, float(cfg.ray.ready_timeout_s))
             run = Run(cfg, run_dir)
             summary = train_family(cfg, run, placed, resume_from)

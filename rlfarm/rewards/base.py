@@ -18,6 +18,9 @@ class RewardModel(abc.ABC):
     frame_stack: how many consecutive renders each frame holds (1: the state after the step; 2: before and after).
     takes_parts: keys the model accepts as a list of the bus's per-chunk arrays instead of one concatenated array
         (a model that copies its input into staging buffers anyway saves a host copy of every bus).
+    stages: the labeler's StageClock, set before `setup` (None elsewhere): a model may time parts of its `start`
+        under it (`StagedUpload` times its host copies as "upload"), which then count apart from the labeler's
+        "launch" in the run's metrics.
 
     Constructed where the config is instantiated (cheap, picklable); `setup` loads weights once in the
     labeler process, on the device Ray gave it.
@@ -27,9 +30,16 @@ class RewardModel(abc.ABC):
     frame_size: int | None
     frame_stack: int = 1  # renders per frame, oldest first on the channels ([n, S, S, 3k]): 2 shows motion
     takes_parts: tuple[str, ...] = ()
+    stages = None  # a StageClock (rlfarm/roles/stage_clock.py), handed over by the labeler
 
     def setup(self, device: str) -> None:
         """Load weights onto device ("cpu", "cuda:0"). Models without weights need nothing here."""
+
+    def stats(self) -> dict:
+        """The model's own numbers for the run's metrics (flat: names → int, float, bool or None), e.g. how a
+        distilled reward's student agrees with its teacher. Asked from another thread while a call may run: return
+        a snapshot, cheap, never waiting on the model."""
+        return {}
 
     @abc.abstractmethod
     def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:

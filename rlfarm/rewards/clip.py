@@ -119,7 +119,7 @@ class ClipReward(RewardModel):
             )
         if self.precision == "fp8":
             to_fp8(self._clip, only=("vision_model", "visual_projection"))  # the text tower ran once, above
-        self._upload = StagedUpload(self._device, self.max_batch)
+        self._upload = StagedUpload(self._device, self.max_batch, self.stages)
         self._image_tower = self._embed_pixels
         self._rewards_of = self._frame_rewards
         if (self.compile or self.precision == "fp8") and on_cuda:

@@ -103,7 +103,7 @@ class ModuleReward(RewardModel):
         self._device = torch.device(device)
         self._autocast_dtype = getattr(torch, self.dtype)
         self._net = self._build().to(self._device).eval()
-        self._upload = StagedUpload(self._device, self.max_batch)
+        self._upload = StagedUpload(self._device, self.max_batch, self.stages)
         self.probe()
 
     def probe(self) -> None:

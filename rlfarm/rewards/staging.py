@@ -10,6 +10,7 @@ bus while the device works on this one."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -39,10 +40,15 @@ def as_parts(array_or_parts) -> list[np.ndarray]:
 
 class StagedUpload:
     """Sub-batches of at most `max_rows` rows onto `device`: on CUDA through pinned staging buffers (two per name)
-    and a copy stream; elsewhere a plain tensor of the rows."""
+    and a copy stream; elsewhere a plain tensor of the rows.
 
-    def __init__(self, device: torch.device, max_rows: int):
+    stages: the labeler's StageClock (`RewardModel.stages`), or None: the host's copy into staging is timed as
+    "upload" and the wait for a staging buffer's previous copy as "upload_wait", inside the labeler's "launch", so a
+    run's metrics say which part of starting a call the host spends its time on."""
+
+    def __init__(self, device: torch.device, max_rows: int, stages=None):
         self.device, self.max_rows = device, max_rows
+        self._timing = stages.timing if stages is not None else (lambda name: nullcontext())
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._buffers: dict[tuple[str, int], tuple[torch.Tensor, torch.cuda.Event]] = {}
 
@@ -50,14 +56,17 @@ class StagedUpload:
         """The rows of `pieces` (consecutive, at most max_rows) as one tensor on the device. `slot` alternates
         between a call's sub-batches (0, 1, 0, ...) so that one buffer is filled while the other is copied."""
         if self._stream is None:  # a copy even of one piece: a chunk from the object store is read-only
-            return torch.from_numpy(np.concatenate(pieces)).to(self.device)
+            with self._timing("upload"):
+                return torch.from_numpy(np.concatenate(pieces)).to(self.device)
         staging, copied = self._staging(name, slot, pieces[0])
-        copied.synchronize()  # this buffer's previous copy (two sub-batches ago) has left it
+        with self._timing("upload_wait"):
+            copied.synchronize()  # this buffer's previous copy (two sub-batches ago) has left it
         view = staging[: sum(len(piece) for piece in pieces)]
         filled = 0
-        for piece in pieces:
-            np.copyto(view[filled : filled + len(piece)].numpy(), piece)
-            filled += len(piece)
+        with self._timing("upload"):
+            for piece in pieces:
+                np.copyto(view[filled : filled + len(piece)].numpy(), piece)
+                filled += len(piece)
         compute = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self._stream):
             on_device = view.to(self.device, non_blocking=True)

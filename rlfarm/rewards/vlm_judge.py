@@ -80,7 +80,7 @@ class VlmJudgeReward(RewardModel):
         self._ids = torch.tensor([prompt_ids(tokenizer, self.template.format(question=self.question),
                                              vlm.config.image_token_id, image_tokens(vlm.config))],
                                  device=self._device)
-        self._upload = StagedUpload(self._device, self.max_batch)
+        self._upload = StagedUpload(self._device, self.max_batch, self.stages)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """batch["frames"]: [n, H, W, 3·frame_stack] uint8. Returns [n] float32."""

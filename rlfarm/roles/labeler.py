@@ -15,8 +15,10 @@ such a call as long as a restart (run.restart_timeout_s).
 Calls overlap with the host work around them: a model that queues its work on a GPU (`RewardModel.start` returns
 before the result is there) has one bus in flight while the labeler gathers and uploads the next, so the device does
 not idle through the host's share of every bus (with 224-px frames, ~150 MB of copies per 1,024 transitions).
-`stage_s` splits the labeler's time into "prepare" (gathering a bus and starting the model on it; all of a call for a
-model that runs to the end in `start`), "model" (waiting for a call in flight; retries), "send" (handing labeled chunks
+`stage_s` splits the labeler's time into "gather" (the bus's chunks into the model's batch), "launch" (starting the
+model on it: kernel launches and graph replays; all of a call for a model that runs to the end in `start`), within it
+"upload" and "upload_wait" for a model that stages its input (the host's copy into pinned buffers, and waiting for a
+buffer's previous copy to the device), "model" (waiting for a call in flight; retries), "send" (handing labeled chunks
 to the learner) and "idle" (waiting for a bus to fire with no call in flight)."""
 from __future__ import annotations
 
@@ -48,7 +50,9 @@ class Labeler:
         limit_threads(threads)
         self.index = index
         self.device = assigned_device()
+        self.stages = StageClock("gather", "launch", "upload", "upload_wait", "model", "send", "idle")
         self.model = instantiate(reward_cfg)
+        self.model.stages = self.stages  # the model may time parts of its own start (rlfarm/rewards/staging.py)
         self.model.setup(self.device)
         self.bus = Bus(bus_items, bus_timeout_s)
         self.learners: list = []
@@ -57,7 +61,6 @@ class Labeler:
         self.quarantine_dir = Path(quarantine_dir) if quarantine_dir else None
         self.labeled = self.batches = self.quarantined = self.retries = 0
         self.last_error: str | None = None
-        self.stages = StageClock("prepare", "model", "send", "idle")
         self._calls: list[float] = []  # monotonic starts of the model calls in progress, oldest first (at most 2)
         self.calls_ended = 0
         self.overlapped = 0  # calls started while an earlier one was still running (a model that queues its work)
@@ -123,13 +126,13 @@ class Labeler:
         started = time.monotonic()
         self.overlapped += bool(self._calls)
         self._calls.append(started)
-        with self.stages.timing("prepare"):
-            try:
-                batch = self._batch(items)
+        try:
+            batch = self.stages.timed("gather", self._batch, items)
+            with self.stages.timing("launch"):
                 # a model written against the older interface (needs, setup, __call__ only) runs to the end here
                 pending = self.model.start(batch) if hasattr(self.model, "start") else Pending(self.model(batch))
-            except Exception as error:
-                pending = _Failed(error)
+        except Exception as error:
+            pending = _Failed(error)
         return items, pending, started
 
     def _finish(self, flight: tuple) -> None:
@@ -221,7 +224,7 @@ class Labeler:
         self.lag_sum_s, self.lag_count = 0.0, 0
         calls = list(self._calls)  # a copy: the run thread may end a call meanwhile
         stage_s = self.stages.snapshot()
-        busy_s = stage_s["prepare"] + stage_s["model"] + stage_s["send"]
+        busy_s = sum(seconds for stage, seconds in stage_s.items() if stage != "idle")
         return {"labeler": self.index, "pid": os.getpid(), "labeled": self.labeled, "batches": self.batches, "busy_s": busy_s,
                 "overlapped": self.overlapped, "stage_s": stage_s,
                 "in_call_s": time.monotonic() - calls[0] if calls else 0.0,

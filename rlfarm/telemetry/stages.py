@@ -1,5 +1,5 @@
 """Where the time goes, per stage: each role reports cumulative seconds per stage in its stats ("stage_s": runner
-act/step/credit_wait/send, labeler prepare/model/send/idle, learner update/store/publish/checkpoint/idle); `StageShares` turns
+act/step/credit_wait/send, labeler gather/launch/upload/upload_wait/model/send/idle, learner update/store/publish/checkpoint/idle); `StageShares` turns
 the growth since the last look into each stage's share of the interval, per kind of role, and names the
 bottleneck: the kind of role busiest (its time not spent waiting on the others), e.g. "labelers 96 % busy".
 

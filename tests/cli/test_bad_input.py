@@ -7,6 +7,7 @@ input is known to be good. Most rows run `rlfarm.cli.main` in this process (the 
 subprocess, as a user runs it, and must also be quick: 5 s on an idle machine, 15 s asserted because CI shares
 its cores. Each subprocess is a cold import of Hydra, gymnasium (and torch for a `_target_`): seconds each.
 """
+import shutil
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
@@ -233,6 +234,13 @@ CASES = [
                  "algo.advantage=gae trains its critic on one learner rank", id="ppo-lm-data-parallel"),
     pytest.param(["train", "experiment=grpo_digits", "algo.weight_sync=ipc"],
                  "algo.weight_sync=ipc needs the learner and the engine on one GPU", id="grpo-ipc-apart"),
+    # NVIDIA MPS (rlfarm/mps.py): only for a private local cluster, and only where the driver's program is
+    pytest.param(["train", "topology.mps=true", "ray.address=127.0.0.1:9"],
+                 "topology.mps=true starts an MPS daemon for a private local cluster, not for one joined at",
+                 id="mps-on-a-joined-cluster"),
+    pytest.param(["train", "topology.mps=true"], "needs NVIDIA's MPS control program (nvidia-cuda-mps-control)",
+                 id="mps-without-the-driver", marks=pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is not None,
+                                                                      reason="this machine has MPS")),
     # VLA family
     pytest.param(["train", "experiment=simplevla", "model=hf_vla", "model.source={tmp}/no-llava"],
                  "model.source: no such folder", id="vla-checkpoint-missing"),

@@ -58,7 +58,7 @@ def test_labeler_starts_the_next_bus_while_the_model_works_on_the_last(ray_cpu):
     assert wait_for(lambda: ray.get(labeler.stats.remote())["labeled"] == 64, 30)
     stats = ray.get(labeler.stats.remote())
     assert stats["batches"] >= 3 and stats["overlapped"] >= 2  # buses started while the one before was in the model
-    assert set(stats["stage_s"]) == {"prepare", "model", "send", "idle"}
+    assert set(stats["stage_s"]) == {"gather", "launch", "upload", "upload_wait", "model", "send", "idle"}
     assert stats["stage_s"]["model"] >= 0.2 * 2  # the calls ran one after another: the labeler waited for them
     ray.get(labeler.stop.remote())
     ray.kill(runner)

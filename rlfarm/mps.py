@@ -1,0 +1,117 @@
+"""NVIDIA MPS for a run (`topology.mps=true`): the run starts a private MPS control daemon before Ray, every GPU
+process of the run becomes its client, and the daemon is told to quit when the run ends, however it ends.
+
+Why: processes that share a GPU without MPS take turns on it in time slices (each its own context), so two labelers
+on one reward GPU, or a labeler beside an engine, cannot overlap their kernels; under MPS their work runs on the GPU
+at the same time, as one context would. EGL renderers are not CUDA clients: MPS does not change how they share.
+
+The daemon is the run's own: its pipe directory (a fresh one under the temp dir: the pipes' paths must stay short)
+is handed to Ray's workers through the environment (CUDA_MPS_PIPE_DIRECTORY), so it serves this run's processes and
+no one else's, and quitting it does not touch another user's daemon; its log is the run directory's `mps/`. Only a private local cluster can do this: on a cluster joined at
+ray.address the workers' environment is the nodes', so the check refuses it with the fix (start MPS on every node).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from rlfarm.errors import ConfigError
+
+CONTROL = "nvidia-cuda-mps-control"
+START_TIMEOUT_S = 10.0  # the daemon creates its control pipe within milliseconds; a hung start is a broken driver
+QUIT_TIMEOUT_S = 10.0
+PIPE_ENV, LOG_ENV = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
+OFF = "or set topology.mps=false"
+
+log = logging.getLogger("rlfarm")
+
+
+def wants_mps(cfg: DictConfig) -> bool:
+    return bool(cfg.topology.get("mps", False))
+
+
+def check_mps(cfg: DictConfig) -> None:
+    """Before anything starts (preflight): a run can start its own daemon. ConfigError (one line) otherwise."""
+    if not wants_mps(cfg):
+        return
+    if cfg.ray.get("address"):
+        raise ConfigError(f"topology.mps=true starts an MPS daemon for a private local cluster, not for one joined at "
+                          f"ray.address={cfg.ray.address}",
+                          f"start `{CONTROL} -d` on every node before `ray start`, {OFF}")
+    if shutil.which(CONTROL) is None:
+        raise ConfigError(f"topology.mps=true needs NVIDIA's MPS control program ({CONTROL}), which is not on PATH",
+                          f"install the NVIDIA driver's utilities, {OFF}")
+
+
+@contextmanager
+def mps_daemon(cfg: DictConfig, run_dir: str | os.PathLike):
+    """While open: this run's MPS daemon runs and the processes started from here (Ray and its workers) are its
+    clients. Nothing when topology.mps is false."""
+    if not wants_mps(cfg):
+        yield None
+        return
+    check_mps(cfg)
+    pipe, logs = Path(tempfile.mkdtemp(prefix="rlfarm-mps-")), Path(run_dir) / "mps"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {PIPE_ENV: str(pipe), LOG_ENV: str(logs)}
+    try:
+        _start(env, pipe, logs)
+    except ConfigError:
+        shutil.rmtree(pipe, ignore_errors=True)
+        raise
+    before = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)  # Ray's local cluster, started next, hands the driver's environment to every worker
+    log.info("MPS daemon started (pipe %s)", pipe)
+    try:
+        yield pipe
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _quit(env, pipe)
+        shutil.rmtree(pipe, ignore_errors=True)
+
+
+def _start(env: dict, pipe: Path, logs: Path) -> None:
+    try:
+        started = subprocess.run([CONTROL, "-d"], env={**os.environ, **env}, capture_output=True, text=True,
+                                 timeout=START_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ConfigError(f"the MPS daemon did not start ({error})", f"see {logs}, {OFF}") from None
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while started.returncode == 0 and not (pipe / "control").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if started.returncode != 0 or not (pipe / "control").exists():
+        said = (started.stderr or started.stdout or "").strip().splitlines()
+        reason = said[-1] if said else _last_log_line(logs) or f"exit {started.returncode}, no control pipe"
+        raise ConfigError(f"the MPS daemon did not start: {reason}", f"see {logs} (it needs the GPU driver and may "
+                          f"need root), {OFF}")
+
+
+def _quit(env: dict, pipe: Path) -> None:
+    """Ask the daemon to quit (it ends once its clients have); a daemon that will not leaves a warning, not a failed
+    run."""
+    try:
+        subprocess.run([CONTROL], input="quit\n", env={**os.environ, **env}, capture_output=True, text=True,
+                       timeout=QUIT_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        log.warning("the MPS daemon of %s did not take `quit` (%s); stop it with: echo quit | %s=%s %s",
+                    pipe, error, PIPE_ENV, pipe, CONTROL)
+
+
+def _last_log_line(logs: Path) -> str | None:
+    control_log = logs / "control.log"
+    if not control_log.exists():
+        return None
+    lines = [line.strip() for line in control_log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else None
