@@ -163,6 +163,7 @@ class GRPOSchema(GroupPolicySchema):
     advantage: Advantage
     micro_batch_size: Optional[int]
     micro_batch_tokens: Optional[int]
+    packed: bool
     activation_checkpointing: bool
     data_parallel: DataParallel
     weight_sync: WeightSync

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 37 on one GPU: the LM learner's update alone (`rlfarm bench lm_learner`, the 1.5B shape with its own
-# vocabulary: micro-batches of rows vs pieces by token budget, same run; then with activation checkpointing), and
-# experiment=grpo_long_tail colocated (the whole pipeline: MFU, peak memory beside `rlfarm plan`'s estimate).
+# vocabulary: micro-batches of rows vs pieces by token budget vs the same pieces packed (algo.packed: rows "lm update
+# (rows)", "(tokens)", "(packed)"), same run; then with activation checkpointing), and experiment=grpo_long_tail
+# colocated (the whole pipeline, packed: MFU, peak memory beside `rlfarm plan`'s estimate; EXTRA=algo.packed=false
+# for the padded pieces).
 # → $OUT/bench_*.json, $OUT/llm_async.json, $OUT/plan.txt, $OUT/runs.tgz
 # Usage (device tool, 1 GPU, carry .devpkgs): source .devpkgs/setup.sh && bash launch/device/issue37_learner.sh
 set -uo pipefail
@@ -9,7 +11,7 @@ export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 SHAPE=${SHAPE:-qwen2_5_1_5b_shape}
 for variant in plain:false recompute:true; do
   name=${variant%%:*}; dir=/tmp/bench_$name
-  timeout 240 rlfarm bench lm_learner bench.shape="$SHAPE" bench.sizes.activation_checkpointing="${variant#*:}" \
+  timeout 360 rlfarm bench lm_learner bench.shape="$SHAPE" bench.sizes.activation_checkpointing="${variant#*:}" \
       hydra.run.dir="$dir" > "$OUT/bench_$name.log" 2>&1 || echo "bench $name failed: $?" >> "$OUT/failed.txt"
   cp "$dir/bench.json" "$OUT/bench_$name.json" 2>/dev/null
 done

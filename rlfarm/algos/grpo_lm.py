@@ -23,6 +23,7 @@ from rlfarm.algos.ppo import approx_kl, clip_fraction, masked_mean
 from rlfarm.data import Rollout
 from rlfarm.data_parallel import full_value, gradient_sync
 from rlfarm.models.lm import autocast_to, sequence_logprobs
+from rlfarm.models.packed import packed_logprobs
 from rlfarm.settings import check_ranges
 
 # The default policy: a 2-layer Qwen2 small enough to learn the digit tasks from scratch on a CPU.
@@ -57,6 +58,8 @@ class GRPOConfig:
                                          # of a step that kept every group
     micro_batch_tokens: int | None = None  # instead: pieces of at most this many tokens, rows sorted by length, each
                                            # computing only its own columns (`micro_batches.token_pieces`)
+    packed: bool = False          # each piece's rows' real tokens as one sequence, no padding computed, the budget
+                                  # counting those (`rlfarm.models.packed`)
     activation_checkpointing: bool = False  # recompute each decoder block's activations in the backward pass
     data_parallel: str = "ddp"    # a learner of > 1 GPUs: ddp (whole model per rank) | fsdp (weights, grads, AdamW sharded)
     advantage: str = "grpo"       # grpo: group-normalized rewards | gae: a critic and token-level GAE (algo=ppo_lm)
@@ -84,7 +87,8 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
       size whatever the number of rows the step kept, the last padded with zero-weight rows
       (`rlfarm.algos.micro_batches`: a new shape costs a GPU far more than the padding); or, with
       `cfg.micro_batch_tokens`, pieces of at most that many tokens, the rows sorted by length and each piece cut to
-      its own columns (long-tail lengths: no compute on the longest row's padding);
+      its own columns (long-tail lengths: no compute on the longest row's padding); `cfg.packed`: each piece's rows'
+      real tokens packed into one sequence (`rlfarm.models.packed`: no padding computed at all, the same logprobs);
     - data parallel (world_size > 1, `model` under DDP or FSDP, see rlfarm/data_parallel.py): every rank holds the
       whole rollout, uses rank 0's permutation and takes its shard of each minibatch; its loss is multiplied by
       N (the gradients are averaged over the ranks), and the metrics are summed over the ranks.
@@ -106,13 +110,15 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
     size = piece_rows(max(len(input_ids), cfg.prompts_per_step * cfg.group_size), cfg.minibatches, world_size,
                       cfg.micro_batch_size)
     spans = row_spans(attention_mask).tolist() if cfg.micro_batch_tokens else None
+    score = packed_logprobs if cfg.packed else sequence_logprobs  # the policy's, TIS's and the reference's forwards
     if cfg.is_correction != "none" and not anchored_here:
         # every rank scores every row, in the pieces a single rank would cut (the same count on all: FSDP gathers)
         old_logprobs = torch.zeros_like(engine_logprobs)
         with torch.no_grad(), autocast_to(device, compute_dtype):
             for rows, _, first, end in rank_pieces(torch.arange(len(input_ids), device=device), spans, 0, 1, size,
-                                                   cfg.micro_batch_tokens, response_start, input_ids.shape[1]):
-                old_logprobs[rows, :end - response_start] = sequence_logprobs(
+                                                   cfg.micro_batch_tokens, response_start, input_ids.shape[1],
+                                                   cfg.packed):
+                old_logprobs[rows, :end - response_start] = score(
                     model, input_ids[rows, first:end], attention_mask[rows, first:end], response_start - first,
                     rollout.temperature).float()
         is_weights, capped = truncated_is_weights(old_logprobs, engine_logprobs, response_mask, cfg.is_correction,
@@ -131,7 +137,7 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
         # token sums over this rank's rows of loss, clipped and KL; then |Δ log p| and KL against the engine
         sums = torch.zeros(6, device=device)  # ... and the tokens whose importance weight was capped
         pieces = rank_pieces(rows, spans, rank, world_size, size, cfg.micro_batch_tokens, response_start,
-                             input_ids.shape[1])
+                             input_ids.shape[1], cfg.packed)
         for k, (part, part_weights, first, end) in enumerate(pieces):
             # a piece computes columns [first, end): the responses' first `cols` tokens
             cols = end - response_start
@@ -144,11 +150,11 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
             # DDP meets the other ranks once, after the last piece (FSDP after each: `gradient_sync`)
             with gradient_sync(model, enabled=k == len(pieces) - 1):
                 with autocast_to(device, compute_dtype):
-                    logprobs = sequence_logprobs(model, *inputs, rollout.temperature)
+                    logprobs = score(model, *inputs, rollout.temperature)
                     ref_logprobs = None
                     if cfg.kl_coef:
                         with torch.no_grad():
-                            ref_logprobs = sequence_logprobs(ref_model, *inputs, rollout.temperature)
+                            ref_logprobs = score(ref_model, *inputs, rollout.temperature)
                 anchor, weights = cut(old_logprobs), None if is_weights is None else cut(is_weights)
                 capped = torch.zeros((), device=device)
                 if anchored_here:
@@ -198,13 +204,14 @@ def policy_optimizer(model: nn.Module, lr: float, device: str | torch.device) ->
 
 
 def rank_pieces(rows: torch.Tensor, spans: list | None, rank: int, world_size: int, size: int,
-                budget: int | None, response_start: int, width: int
+                budget: int | None, response_start: int, width: int, packed: bool = False
                 ) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
     """This rank's forward/backward pieces of a minibatch's rows: (indices, weights, first column, end column).
-    With a token budget, `micro_batches.token_pieces` (sorted by length, trimmed to their own columns); without,
-    the rank's contiguous share of the rows in pieces of `size` rows, every column."""
+    With a token budget, `micro_batches.token_pieces` (sorted by length, trimmed to their own columns; `packed`: the
+    budget counts real tokens); without, the rank's contiguous share of the rows in pieces of `size` rows, every
+    column (a packed forward still computes only their real tokens)."""
     if budget:
-        return token_pieces(rows, spans, rank, world_size, budget, response_start)
+        return token_pieces(rows, spans, rank, world_size, budget, response_start, packed=packed)
     mine, weights = rows, torch.ones(len(rows), device=rows.device)
     if world_size > 1:
         from rlfarm.data_parallel import shard_rows

@@ -58,7 +58,7 @@ def row_spans(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def token_pieces(rows: torch.Tensor, spans: list[tuple[int, int]], rank: int, world_size: int, budget: int,
-                 response_start: int, width_step: int | None = None
+                 response_start: int, width_step: int | None = None, packed: bool = False
                  ) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
     """This rank's pieces of one minibatch (`rows`, indices) by a token budget, without computing padding.
 
@@ -69,12 +69,13 @@ def token_pieces(rows: torch.Tensor, spans: list[tuple[int, int]], rank: int, wo
     its own columns, so long-tail lengths stop costing every row the longest row's columns. Every rank gets as many
     pieces as the rank with most (FSDP gathers weights in every forward: all ranks must run the same number); the
     missing ones are the minibatch's shortest row, weighted 0. `spans`: `row_spans` of the whole rollout, as a list.
+    `packed` (`rlfarm.models.packed`: a piece computes its rows' real tokens only): the budget counts those instead.
     Returns [(indices, weights, first column, end column)]; every piece keeps the column `response_start − 1`."""
     # a piece's real columns start no later than the last prompt column, which predicts the first response token
     spans = [(min(first, response_start - 1), max(end, response_start)) for first, end in spans]
     columns = functools.partial(_columns, total=max(end for _, end in spans), step=width_step or WIDTH_STEP)
     ordered = sorted(rows.tolist(), key=lambda row: spans[row][0] - spans[row][1])  # stable: longest first
-    shares = [_pack(ordered[r::world_size], spans, budget, columns) for r in range(world_size)]
+    shares = [_pack(ordered[r::world_size], spans, budget, columns, packed) for r in range(world_size)]
     padding = ([ordered[-1]], 0.0, *columns(spans[ordered[-1]]))
     pieces = shares[rank] + [padding] * (max(map(len, shares)) - len(shares[rank]))
     return [(torch.tensor(part, device=rows.device), torch.full((len(part),), weight, device=rows.device), first, end)
@@ -82,19 +83,22 @@ def token_pieces(rows: torch.Tensor, spans: list[tuple[int, int]], rank: int, wo
 
 
 def _pack(rows: list[int], spans: list[tuple[int, int]], budget: int,
-          columns: Callable[[tuple[int, int]], tuple[int, int]]) -> list[tuple[list[int], float, int, int]]:
-    """Rows in order into pieces while rows × width stays within the budget (the piece's span kept as it grows)."""
+          columns: Callable[[tuple[int, int]], tuple[int, int]], packed: bool
+          ) -> list[tuple[list[int], float, int, int]]:
+    """Rows in order into pieces while rows × width (packed: the rows' own tokens) stays within the budget (the
+    piece's span kept as it grows)."""
     pieces: list[tuple[list[int], float, int, int]] = []
     part: list[int] = []
-    span = (0, 0)
+    span, tokens = (0, 0), 0
     for row in rows:
         grown = (min(span[0], spans[row][0]), max(span[1], spans[row][1])) if part else spans[row]
         first, end = columns(grown)
-        if part and (len(part) + 1) * (end - first) > budget:
+        length = spans[row][1] - spans[row][0]
+        if part and (tokens + length if packed else (len(part) + 1) * (end - first)) > budget:
             pieces.append((part, 1.0, *columns(span)))
-            part, grown = [], spans[row]
+            part, grown, tokens = [], spans[row], 0
         part.append(row)
-        span = grown
+        span, tokens = grown, tokens + length
     if part:
         pieces.append((part, 1.0, *columns(span)))
     return pieces

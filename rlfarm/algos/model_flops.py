@@ -5,7 +5,8 @@ Useful work follows the 6·N·T convention (Kaplan et al. 2020; PaLM's MFU): N t
 untied input embedding is a lookup, not a matmul, and is left out), T the real tokens trained (prompt + response,
 no padding); a forward pass is 2·N·T, its backward 4·N·T. Under LoRA the frozen base still runs its backward's
 activation GEMMs but not its weight-gradient ones: 4·N·T. Attention's own FLOPs are left out (under a tenth of a 7B
-model's at ≤ 1,280 tokens), and so are passes that train nothing (old log-probs, the KL reference): padding and
+model's at ≤ 1,280 tokens; so a packed update, `algo.packed`, whose attention is per row, counts the same work as a
+padded one), and so are passes that train nothing (old log-probs, the KL reference): padding and
 those passes are what MFU should show as lost. Pure functions of the model and numbers."""
 from __future__ import annotations
 

@@ -6,7 +6,9 @@ Rows:
 - `matmul nN` (the baseline): an N × N × N product in the run's dtype, TFLOP/s — what this card reaches at best;
 - `lm update (rows)`: micro-batches of `micro_batch_size` rows, every column of the step (the padding computed);
 - `lm update (tokens)`, where `micro_batch_tokens` is set: pieces of at most that many tokens, rows sorted by length
-  and each piece cut to its own columns (`rlfarm.algos.micro_batches.token_pieces`), on the same step.
+  and each piece cut to its own columns (`rlfarm.algos.micro_batches.token_pieces`), on the same step;
+- `lm update (packed)`, where `micro_batch_tokens` is set: the same, each piece's rows' real tokens packed into one
+  sequence (`algo.packed`, `rlfarm.models.packed`: no padding computed, flash varlen attention on CUDA).
 Each update row: model TFLOP/s (6·N·T over the real tokens, `rlfarm.algos.model_flops`; padding and the loss's own
 work are what it loses), `ratio` = that over the matmul's, `mfu` over the card's dense bf16 peak (`rlfarm.cards`),
 tokens/s, and on CUDA `peak_gib` (the update's peak memory) beside `estimate_gib`, the learner's estimate from
@@ -55,6 +57,7 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
     if size.get("micro_batch_tokens"):
         forms["tokens"] = dataclasses.replace(algo, micro_batch_size=None,
                                               micro_batch_tokens=int(size.micro_batch_tokens))
+        forms["packed"] = dataclasses.replace(forms["tokens"], packed=True)
     for form, settings in forms.items():
         seconds, measured = timed_update(model, optimizer, rollout, advantages, settings, dtype, int(size.repeats))
         micro_tokens = (settings.micro_batch_tokens or settings.micro_batch_size * (prompt_len + cap))
@@ -63,7 +66,8 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
         row = {"case": f"{UPDATE} ({form})", "value": measured["learner_tflops"], "unit": "TFLOP/s",
                "baseline": out[0]["case"], "mfu": measured["mfu"], "tokens_per_s": round(tokens / seconds),
                "update_s": round(seconds, 4), "rows": rows, "micro_batch_size": settings.micro_batch_size,
-               "micro_batch_tokens": settings.micro_batch_tokens, "activation_checkpointing": recompute,
+               "micro_batch_tokens": settings.micro_batch_tokens, "packed": settings.packed,
+               "activation_checkpointing": recompute,
                "real_tokens": tokens, "padded_tokens": rows * (prompt_len + cap),
                "peak_gib": None if measured["learner_peak_gib"] is None else round(measured["learner_peak_gib"], 2),
                "estimate_gib": round(sum(estimate.values()) / GIB, 2)}

@@ -124,14 +124,25 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     Inputs as `response_logits`. Where the response's logits would pass `logit_budget` elements (`LOGIT_BUDGET`
     unless given) and the model's head is a `ScoringHead`, the head scores the tokens itself, on chunks of tokens
     whose logits are recomputed in the backward pass rather than kept (same values, same gradients). The model's
-    own forward runs either way, so DDP's and FSDP's hooks around it do too."""
-    tokens, logit_budget = input_ids[:, response_start:], logit_budget or LOGIT_BUDGET
+    own forward runs either way, so DDP's and FSDP's hooks around it do too. `rlfarm.models.packed` scores the same
+    tokens without computing the padding."""
+    tokens = input_ids[:, response_start:]
+    return scored_tokens(model, tokens, temperature, logit_budget, input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids_from_mask(attention_mask), logits_to_keep=tokens.shape[1] + 1)
+
+
+def scored_tokens(model: nn.Module, tokens: torch.Tensor, temperature: float, logit_budget: int | None,
+                  **inputs: Any) -> torch.Tensor:
+    """log π(tokens) [R, T] (float32) from one forward of `model` on `inputs`, whose `logits_to_keep` selects
+    positions of which the first T of each row predict `tokens` (whole logits, or the `ScoringHead` in chunks where
+    they would pass `logit_budget` elements: see `sequence_logprobs`)."""
+    logit_budget = logit_budget or LOGIT_BUDGET
     head = scoring_head(model)
     if head is None or tokens.numel() * head.out_features <= logit_budget:
-        return token_logprobs(response_logits(model, input_ids, attention_mask, response_start), tokens, temperature)
+        logits = model(**inputs, use_cache=False).logits[:, :tokens.shape[1]]
+        return token_logprobs(logits, tokens, temperature)
     with head.scoring(tokens, temperature, rows=max(1, logit_budget // head.out_features)):
-        return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                     position_ids=position_ids_from_mask(attention_mask), logits_to_keep=tokens.shape[1] + 1).logits
+        return model(**inputs, use_cache=False).logits
 
 
 class ScoringHead(nn.Linear):
@@ -171,10 +182,14 @@ def use_scoring_head(model: nn.Module) -> nn.Module:
 
 def scoring_head(model: nn.Module) -> ScoringHead | None:
     """The `ScoringHead` of a model, unwrapping DDP and peft (FSDP2 keeps the module itself); None if it has none."""
-    base = getattr(model, "module", model)  # DDP
-    base = base.get_base_model() if hasattr(base, "get_base_model") else base
-    head = getattr(base, "lm_head", None)
+    head = getattr(base_model(model), "lm_head", None)
     return head if isinstance(head, ScoringHead) else None
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The transformers model inside DDP and peft wrappers (FSDP2 keeps the module itself)."""
+    base = getattr(model, "module", model)  # DDP
+    return base.get_base_model() if hasattr(base, "get_base_model") else base
 
 
 def chunked_head_logprobs(head: nn.Linear, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,

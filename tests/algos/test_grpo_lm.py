@@ -109,3 +109,35 @@ def test_an_importance_corrected_update_anchors_the_ratio_on_the_learner_and_wei
         assert skewed["loss"] == pytest.approx(np.exp(-0.1) * reference["loss"], rel=1e-4)
     else:  # a sequence of L tokens weighs exp(-0.1 L): the loss differs, and shrinks in magnitude
         assert abs(skewed["loss"]) < abs(reference["loss"])
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 3], ids=["whole_minibatch", "row_pieces"])
+def test_a_packed_update_without_a_token_budget_equals_the_padded_one(one_torch_thread, micro_batch_size):
+    """`algo.packed` packs whatever pieces the learner cuts: a whole minibatch, or pieces of rows (the last padded
+    with zero-weight rows) — the same loss, gradient norm and weights as the padded forwards, the padding never
+    computed. (With `micro_batch_tokens` the pieces are cut by real tokens: tests/algos/test_micro_batches.py.)"""
+    cfg = GRPOConfig(prompts_per_step=4, group_size=4, minibatches=2, seed=0, micro_batch_size=micro_batch_size,
+                     kl_coef=0.05)
+    model, rollout, advantages = _digit_rollout(cfg)
+    results, policies = [], [copy.deepcopy(model) for _ in range(2)]
+    for policy, packed in zip(policies, (False, True)):
+        torch.manual_seed(1)  # the same minibatch permutation
+        results.append(update_policy(policy, torch.optim.SGD(policy.parameters(), lr=1.0), rollout, advantages,
+                                     dataclasses.replace(cfg, packed=packed), ref_model=copy.deepcopy(model)))
+    for key, expected in results[0].items():
+        assert results[1][key] == pytest.approx(expected, rel=1e-5, abs=1e-6), key
+    for (name, a), b in zip(policies[0].named_parameters(), policies[1].parameters()):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=name)
+
+
+def test_packed_is_a_learner_option_off_by_default_and_on_in_the_speed_runs():
+    from rlfarm.config import compose
+    from rlfarm.errors import ConfigError
+    from rlfarm.loops.llm import grpo_config
+
+    assert grpo_config(compose("train", ["experiment=grpo_digits"])).packed is False
+    assert grpo_config(compose("train", ["experiment=grpo_digits", "algo.packed=true"])).packed is True
+    for experiment in ("grpo_long_tail", "grpo_7b_shape"):
+        assert compose("train", [f"experiment={experiment}"]).algo.packed is True
+    with pytest.raises(ConfigError, match="packed"):
+        compose("train", ["experiment=grpo_digits", "algo.packed=sometimes"])

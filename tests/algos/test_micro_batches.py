@@ -13,6 +13,7 @@ from rlfarm.algos.micro_batches import ROW_BUCKETS, padded_pieces, piece_rows, t
 from rlfarm.data import Rollout
 from rlfarm.envs.text_tasks import DigitTask
 from rlfarm.models.lm import causal_lm, sequence_logprobs
+from rlfarm.models.packed import PACKED
 
 
 def test_pieces_cover_every_row_once_in_few_shapes_and_in_proportion():
@@ -105,19 +106,35 @@ def test_token_pieces_hold_the_budget_cover_every_row_once_and_match_across_rank
     assert (first, end) == (0, 12)
 
 
-@pytest.mark.parametrize("is_correction", ["none", "token_tis"])
+def test_packed_token_pieces_count_the_rows_real_tokens():
+    """A packed piece computes its rows' real tokens only (`rlfarm.models.packed`): the budget counts those, not
+    rows × the piece's width, so pieces hold more rows."""
+    spans = _spans([(3, 8), (4, 1), (2, 2), (4, 7), (1, 1), (4, 3), (3, 8), (2, 5), (4, 2)])
+    rows = torch.tensor([8, 0, 3, 5, 1, 2, 7, 4])
+    packed = token_pieces(rows, spans, 0, 1, budget=24, response_start=4, width_step=1, packed=True)
+    # longest first: rows 0, 3 (11 tokens each), then 5, 7, 8 (7 + 7 + 6), then 1, 2, 4 (5 + 4 + 2)
+    assert [part.tolist() for part, *_ in packed] == [[0, 3], [5, 7, 8], [1, 2, 4]]
+    # unpacked, rows 5, 7, 8 would be 3 × 9 columns (> 24): row 8 goes on to the next piece
+    padded = token_pieces(rows, spans, 0, 1, budget=24, response_start=4, width_step=1)
+    assert [part.tolist() for part, *_ in padded] == [[0, 3], [5, 7], [8, 1, 2, 4]]
+
+
+@pytest.mark.parametrize("is_correction,packed,kl_coef", [("none", False, 0.0), ("token_tis", False, 0.0),
+                                                          ("none", True, 0.1), ("token_tis", True, 0.0)])
 def test_an_update_in_token_pieces_cut_to_their_columns_equals_the_whole_minibatch(one_torch_thread, monkeypatch,
-                                                                                    is_correction):
+                                                                                    is_correction, packed, kl_coef):
     """Rows sorted by length, pieces of ≤ 40 tokens, each computing only its own columns (left padding of
     different prompt lengths and right padding of long-tail responses cut), and the head in chunks: the same loss,
     gradient norm and weights as one forward/backward over the whole padded minibatch. With token TIS over two
-    minibatches the learner's own logprobs before the update are scored in the same pieces first."""
+    minibatches the learner's own logprobs before the update are scored in the same pieces first. `algo.packed`:
+    each piece's rows' real tokens as one sequence (≤ 40 of them), the reference model's forward (KL) too."""
     import rlfarm.algos.micro_batches as micro_batches
     import rlfarm.models.lm as lm
 
     monkeypatch.setattr(micro_batches, "WIDTH_STEP", 1)  # tiny rows: cut to the column
     monkeypatch.setattr(lm, "LOGIT_BUDGET", 3 * 15)  # 3 tokens' logits at once
-    cfg = GRPOConfig(prompts_per_step=8, group_size=2, seed=0, minibatches=2, is_correction=is_correction)
+    cfg = GRPOConfig(prompts_per_step=8, group_size=2, seed=0, minibatches=2, is_correction=is_correction,
+                     kl_coef=kl_coef)
     torch.manual_seed(cfg.seed)
     task = DigitTask(cfg.task, cfg.num_digits, seed=cfg.seed)
     model = causal_lm({**TINY_QWEN2, "vocab_size": task.tokenizer.vocab_size}).eval()
@@ -128,17 +145,27 @@ def test_an_update_in_token_pieces_cut_to_their_columns_equals_the_whole_minibat
     rollout = dataclasses.replace(rollout, prompt_ids=rollout.prompt_ids * prompt_mask, prompt_mask=prompt_mask)
     advantages = torch.randn(len(rollout.response_ids))
     whole, pieces = copy.deepcopy(model), copy.deepcopy(model)
-    widths = []
-    pieces.register_forward_pre_hook(lambda _, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)),
-                                     with_kwargs=True)
-    results = []
-    for policy, settings in ((whole, cfg), (pieces, dataclasses.replace(cfg, micro_batch_tokens=40))):
+    widths, bounds = [], []  # (rows, tokens computed) of each piece's forward; packed: the rows' boundaries
+
+    def record(_, args, kwargs):
+        rows, columns = kwargs["input_ids"].shape
+        bounds.append(kwargs.get("cu_seq_lens_q"))  # packed: one sequence of the rows' real tokens
+        widths.append((rows, rows * columns) if bounds[-1] is None else (len(bounds[-1]) - 1, columns))
+
+    pieces.register_forward_pre_hook(record, with_kwargs=True)
+    results, refs = [], [copy.deepcopy(model) for _ in range(2)]
+    for policy, settings, ref in ((whole, cfg, refs[0]),
+                                  (pieces, dataclasses.replace(cfg, micro_batch_tokens=40, packed=packed), refs[1])):
         torch.manual_seed(1)  # the same minibatch permutation
         results.append(update_policy(policy, torch.optim.SGD(policy.parameters(), lr=1.0), rollout, advantages,
-                                     settings))
+                                     settings, ref_model=ref if kl_coef else None))
     expected, got = results
-    assert len(widths) > 2 and all(rows * columns <= 40 or rows == 1 for rows, columns in widths)
-    assert min(columns for _, columns in widths) < rollout.input_ids().shape[1]  # pieces were cut
+    if packed:  # the policy's forwards and, with a KL term, the reference's ran packed
+        assert all(b is not None for b in bounds) and pieces.config._attn_implementation == PACKED
+        assert (refs[1].config._attn_implementation == PACKED) == bool(kl_coef)
+    assert len(widths) > 2 and all(tokens <= 40 or rows == 1 for rows, tokens in widths)
+    width = rollout.input_ids().shape[1]
+    assert min(tokens / rows for rows, tokens in widths) < width  # pieces were cut (packed: to their real tokens)
     assert set(got) == set(expected) and ("is_capped_fraction" in got) == (is_correction != "none")
     for key in got:
         assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key

@@ -12,10 +12,12 @@ def test_bench_lm_learner_on_cpu_times_the_update_against_a_matmul(tmp_path):
     out = rlfarm("bench", "lm_learner", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "bench.json").read_text())
-    matmul, rows, tokens = result["rows"]
+    matmul, rows, tokens, packed = result["rows"]
     assert result["bench"] == "lm_learner" and matmul["case"] == "matmul n256" and matmul["value"] > 0
     assert rows["case"] == "lm update (rows)" and tokens["case"] == "lm update (tokens)"
-    for update in (rows, tokens):  # the same step in micro-batches of 4 rows, then in pieces of ≤ 48 tokens
+    assert packed["case"] == "lm update (packed)"
+    # the same step in micro-batches of 4 rows, in pieces of ≤ 48 tokens, and in those packed (no padding computed)
+    for update in (rows, tokens, packed):
         assert update["baseline"] == "matmul n256" and update["unit"] == "TFLOP/s"
         assert update["ratio"] == pytest.approx(update["value"] / matmul["value"])
         # 8 rows of 8 prompt tokens and 4-16 response tokens: the padding is counted apart, not as work
@@ -24,3 +26,5 @@ def test_bench_lm_learner_on_cpu_times_the_update_against_a_matmul(tmp_path):
         assert update["mfu"] is None and update["peak_gib"] is None and update["estimate_gib"] >= 0  # no card on CPU
     assert (rows["micro_batch_size"], rows["micro_batch_tokens"]) == (4, None)
     assert (tokens["micro_batch_size"], tokens["micro_batch_tokens"]) == (None, 48)
+    assert (packed["micro_batch_tokens"], packed["packed"], tokens["packed"]) == (48, True, False)
+    assert packed["real_tokens"] == tokens["real_tokens"]  # the same step

@@ -125,37 +125,26 @@ def test_engine_and_learner_roles_load_the_same_policy_and_agree_on_logprobs(ray
 
 
 @pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])
-def test_the_head_in_chunks_runs_inside_ddp_and_fsdp_with_recomputed_blocks(wrapper, tmp_path, monkeypatch):
+def test_the_head_in_chunks_runs_inside_ddp_and_fsdp_with_recomputed_blocks(wrapper, wrapped_policy, monkeypatch):
     """A 7B learner is FSDP-sharded and recomputes its blocks: the head scores in chunks inside the wrapper's own
     forward (its hooks gather and reduce), with the same values and gradients as the plain model's whole logits.
     One rank over gloo: the wrappers' code paths, not their communication."""
-    import torch.distributed as dist
-
     import rlfarm.models.lm as lm
-    from rlfarm.data_parallel import full_tensors, shard_model, wrap_data_parallel
+    from rlfarm.data_parallel import full_tensors
 
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        plain = causal_lm(TINY).train()
-        model = causal_lm(TINY, recompute=True)
-        model.load_state_dict(plain.state_dict())
-        wrapped = (shard_model(model) if wrapper == "fsdp" else wrap_data_parallel(model, "cpu")).train()
-        ids = torch.randint(1, 15, (2, 9))
-        mask = torch.ones_like(ids)
-        mask[1, :3] = 0
-        weights = torch.arange(1.0, 6.0)
-        (sequence_logprobs(plain, ids, mask, response_start=4) * weights).sum().backward()
-        calls, chunk = [], lm._head_logprobs
-        monkeypatch.setattr(lm, "_head_logprobs", lambda *args: calls.append(args[2].shape[0]) or chunk(*args))
-        chunked = sequence_logprobs(wrapped, ids, mask, response_start=4, logit_budget=4 * 15)
-        (chunked * weights).sum().backward()
-        assert calls == [4, 4, 2, 2, 4, 4]  # three chunks, each again in the backward (last first)
-        with torch.no_grad():
-            torch.testing.assert_close(chunked, sequence_logprobs(plain, ids, mask, response_start=4), atol=1e-6,
-                                       rtol=0)
-        grads = full_tensors({name: p.grad for name, p in model.named_parameters()})
-        for name, p in plain.named_parameters():
-            torch.testing.assert_close(grads[name], p.grad, atol=1e-6, rtol=1e-5, msg=name)
-    finally:
-        dist.destroy_process_group()
+    plain, model, wrapped = wrapped_policy(TINY, wrapper)
+    ids = torch.randint(1, 15, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    weights = torch.arange(1.0, 6.0)
+    (sequence_logprobs(plain, ids, mask, response_start=4) * weights).sum().backward()
+    calls, chunk = [], lm._head_logprobs
+    monkeypatch.setattr(lm, "_head_logprobs", lambda *args: calls.append(args[2].shape[0]) or chunk(*args))
+    chunked = sequence_logprobs(wrapped, ids, mask, response_start=4, logit_budget=4 * 15)
+    (chunked * weights).sum().backward()
+    assert calls == [4, 4, 2, 2, 4, 4]  # three chunks, each again in the backward (last first)
+    with torch.no_grad():
+        torch.testing.assert_close(chunked, sequence_logprobs(plain, ids, mask, response_start=4), atol=1e-6, rtol=0)
+    grads = full_tensors({name: p.grad for name, p in model.named_parameters()})
+    for name, p in plain.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, atol=1e-6, rtol=1e-5, msg=name)

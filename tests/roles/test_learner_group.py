@@ -42,24 +42,25 @@ def test_learner_ranks_never_share_a_gpu():
     assert learner.gpus == 2.0 and plan("split_2_1").bundles["train"][0]["GPU"] == 2.0
 
 
-@pytest.mark.parametrize("data_parallel,lora,micro_batch_tokens", [
-    ("ddp", None, None), ("fsdp", None, None),
-    ("fsdp", {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}, None),
-    ("fsdp", None, 30)])
+@pytest.mark.parametrize("data_parallel,lora,micro_batch_tokens,packed", [
+    ("ddp", None, None, False), ("fsdp", None, None, False),
+    ("fsdp", {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}, None, False),
+    ("fsdp", None, 30, False), pytest.param("fsdp", None, 30, True, marks=pytest.mark.slow)])  # ~14 s
 def test_two_ranks_update_like_one_learner_on_the_whole_batch(ray_cpu, one_torch_thread, data_parallel, lora,
-                                                              micro_batch_tokens, tmp_path):
+                                                              micro_batch_tokens, packed, tmp_path):
     """DDP (whole model per rank) and FSDP (weights, gradients, AdamW sharded over the ranks; with LoRA the
     frozen base is sharded too and only the adapters are published) alike; and FSDP ranks in pieces of ≤ 30 tokens
-    (rows sorted by length and dealt to the ranks, as many pieces on each: FSDP gathers in every forward)."""
+    (rows sorted by length and dealt to the ranks, as many pieces on each: FSDP gathers in every forward), also
+    packed (`algo.packed`: each piece's real tokens as one sequence; the single learner runs padded)."""
     import dataclasses
 
     ray = ray_cpu
-    cfg = dataclasses.replace(CFG, lora=lora, micro_batch_tokens=micro_batch_tokens)
+    cfg = dataclasses.replace(CFG, lora=lora, micro_batch_tokens=micro_batch_tokens, packed=packed)
     generated = EngineRole(cfg).generate()
     rewards = TextLabeler(cfg).score(generated)
     lengths = generated[0].response_mask.sum(1)
     assert lengths.min() < lengths.max()  # unequal token counts across shards
-    single = LMLearner(dataclasses.replace(cfg, micro_batch_tokens=None))  # whole minibatches, one process
+    single = LMLearner(dataclasses.replace(cfg, micro_batch_tokens=None, packed=False))  # whole minibatches, 1 process
     trainable = {name for name, p in single.model.named_parameters() if p.requires_grad}
     before = parameters(single.model)
     expected = single.update(generated, rewards)
