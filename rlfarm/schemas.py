@@ -356,6 +356,8 @@ PATH_SETTINGS = {
     "reward.model": PathSetting(PathKind.model, "a model folder written by save_pretrained, or a hub id like "
                                                 "openai/clip-vit-base-patch16"),  # reward=clip, HF reward models
     "reward.checkpoint": PathSetting(PathKind.file, "a state_dict or TorchScript file, or null"),  # reward=model
+    "reward.teacher.model": PathSetting(PathKind.model, "a model folder written by save_pretrained, a hub id or a "
+                                                        "judge shape like qwen2-vl-2b_shape"),  # reward=distilled
     "model.source": PathSetting(PathKind.model, "a folder written by save_pretrained, or a hub id like "
                                                 "Qwen/Qwen2.5-0.5B"),  # model=hf_lm|hf_vla (a VLA: a folder only)
     "env.path": PathSetting(PathKind.file, "a .jsonl or .parquet file of question/answer records"),  # env=prompts
@@ -364,6 +366,7 @@ PATH_SETTINGS = {
 # The same key where one `_target_` reads something else: (key, the node's _target_) → what it must be.
 PATH_SETTINGS_BY_TARGET = {
     ("reward.model", "rlfarm.rewards.model.ModuleReward"): PathSetting(PathKind.file, "a TorchScript file or one written by rlfarm fit-reward"),
+    ("reward.teacher.model", "rlfarm.rewards.model.ModuleReward"): PathSetting(PathKind.file, "a TorchScript file or one written by rlfarm fit-reward"),
 }
 
 # Nodes of groups without a schema whose keys are data, not rlfarm settings, so any key may be added with `+`

@@ -48,6 +48,12 @@ RANGES = {
     **dict.fromkeys(("frames", "frame_size", "frame_stack"), POSITIVE),
     **dict.fromkeys(("weight_decay", "report_frames"), NON_NEGATIVE),
     "holdout": ("in (0, 1)", lambda v: 0 < v < 1),
+    # reward=distilled (rlfarm/rewards/distilled.py)
+    "teacher_fraction": ("in (0, 1]", lambda v: 0 < v <= 1),
+    "warm_agreement": ("in [-1, 1]", lambda v: -1 <= v <= 1),
+    **dict.fromkeys(("min_teacher_labels", "agreement_window"), (">= 2", lambda v: v >= 2)),
+    **dict.fromkeys(("replay_frames", "student_frame_size", "max_batch"), POSITIVE),
+    "train_steps": NON_NEGATIVE,
 }
 
 

@@ -11,6 +11,8 @@ shape:
   the real SACLearner, which stores and acks them; img/s counted at the learner over a steady window. The learner
   stores whole buses, so the row says how many each labeler delivered in the window and their mean frames: a window
   of a few buses (a judge's bus takes seconds) is lumpy, one with a bus each not a rate at all.
+With `bench.distilled=true` (a judge) each judge is also the teacher of `reward=distilled`: its direct call (a warm
+student, the judge on `distill.teacher_fraction` of the frames) against the judge's, and its farm against the judge's.
 The producers are pre-rendered random frames, not envs, so they outrun the labelers (their own rate, against
 an instant ack, is the first row) and the figure is the farm's. The farm may span several GPUs: its row is
 per GPU, next to the direct figure of one GPU.
@@ -38,6 +40,7 @@ from rlfarm.bench.stand_ins import ChunkProducer, InstantAck
 from rlfarm.config import CONF_DIR
 from rlfarm.families import OFFPOLICY
 from rlfarm.errors import ConfigError
+from rlfarm.reward_fitting.fit import rank_correlation
 from rlfarm.rewards.clip_factory import SHAPES, save_random_clip
 from rlfarm.rewards.vlm_factory import SHAPES as JUDGE_SHAPES, is_shape
 from rlfarm.roles.labeler import Labeler
@@ -88,6 +91,8 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
                          "batch": int(size.batch), "gpus": gpus, "labelers": labelers,
                          "farm_img_per_s": farm["img_per_s"], "vs_inline": per_gpu / inline,
                          **{k: v for k, v in farm.items() if k != "img_per_s"}})
+            if cfg.reward == "vlm_judge" and cfg.distilled:
+                rows += distilled_rows(cfg, reward_cfg, shape, size, device, topology, gpus, threads)
             for row in rows[shown:]:  # as they come: a GPU run cut short by its time limit keeps the shapes done
                 log.info("bench row: %s", json.dumps(row))
     return rows
@@ -108,12 +113,6 @@ def precision_rows(reward_cfg: dict, shape: str, size: DictConfig, device: str, 
              "batch": int(size.batch)},
             {"case": f"{shape} {precision} rank agreement", "value": rank_correlation(reference, rewards),
              "unit": "spearman", "baseline": None, "frames": len(probe)}]
-
-
-def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman's rho: the Pearson correlation of the two arrays' ranks (continuous rewards: ties are rare)."""
-    ranks = [np.argsort(np.argsort(x)).astype(np.float64) for x in (a, b)]
-    return float(np.corrcoef(*ranks)[0, 1])
 
 
 def reward_gpus(size: DictConfig, device: str) -> int:
@@ -148,6 +147,51 @@ def judge_reward_cfg(cfg: DictConfig, shape: str, size: DictConfig) -> dict:
     reward = OmegaConf.load(CONF_DIR / "reward" / "vlm_judge.yaml")
     reward.model, reward.frame_size, reward.max_batch, reward.dtype = shape, image_size(shape), int(size.max_batch), cfg.dtype
     return OmegaConf.to_container(reward, resolve=True)
+
+
+def distilled_reward_cfg(cfg: DictConfig, teacher_cfg: dict, side: int) -> dict:
+    """conf/reward/distilled.yaml with `teacher_cfg` as its teacher and bench.distill's settings over its own (the
+    student's frames no larger than the judge's)."""
+    reward = OmegaConf.load(CONF_DIR / "reward" / "distilled.yaml")
+    reward.pop("defaults")
+    reward.seed = 0  # the run's seed in a train config; here there is none
+    reward = OmegaConf.to_container(OmegaConf.merge(reward, cfg.distill), resolve=True)
+    reward["student_frame_size"] = min(int(reward["student_frame_size"]), side)
+    return {**reward, "teacher": teacher_cfg}
+
+
+def distilled_rows(cfg: DictConfig, teacher_cfg: dict, shape: str, size: DictConfig, device: str, topology: dict,
+                   gpus: int, threads: int) -> list[dict]:
+    """reward=distilled with the judge as its teacher: its direct img/s (a warm student) against the judge's direct
+    call, with what the student reported, and its farm against the judge's farm."""
+    reward_cfg = distilled_reward_cfg(cfg, teacher_cfg, image_size(shape))
+    with torch_threads(threads):
+        direct, stats = distilled_direct(reward_cfg, size, device)
+    farm = farm_rate(reward_cfg, size, topology, image_size(shape))
+    per_gpu = farm["img_per_s"] / max(gpus, 1)
+    return [{"case": f"{shape} distilled direct b{size.batch}", "value": direct, "unit": "img/s",
+             "baseline": f"{shape} direct b{size.batch}", "batch": int(size.batch), **stats},
+            {"case": f"{shape} distilled farm per GPU", "value": per_gpu, "unit": "img/s",
+             "baseline": f"{shape} farm per GPU", "batch": int(size.batch), "gpus": gpus,
+             "farm_img_per_s": farm["img_per_s"], **{k: v for k, v in farm.items() if k != "img_per_s"}}]
+
+
+def distilled_direct(reward_cfg: dict, size: DictConfig, device: str) -> tuple[float, dict]:
+    """(img/s of the distilled reward called directly once its student is warm, its stats then). Warming takes
+    min_teacher_labels / batch calls of the teacher on every frame; a student that is still cold after twice that
+    (a teacher it cannot follow, warm_agreement too high) is measured cold, and its stats say so."""
+    model = instantiate(reward_cfg)
+    model.setup("cuda:0" if device == "cuda" else "cpu")
+    warming = {"frames": varied_frames(int(size.batch), model.frame_size)}
+    for _ in range(2 * -(-model.settings.min_teacher_labels // int(size.batch)) + 1):
+        if model.warm:
+            break
+        model(warming)
+    direct = direct_rate(model, size, device, model.frame_size)
+    stats = model.stats()
+    del model
+    release_gpu_memory(device)
+    return direct, stats
 
 
 def clip_reward_cfg(cfg: DictConfig, model: Path, shape: str, size: DictConfig, device: str) -> dict:

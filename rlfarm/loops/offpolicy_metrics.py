@@ -81,7 +81,7 @@ class OffPolicyMetrics:
             "episodes": self.progress["episodes"],
             "episode_return_mean": self.progress.window_mean(),
             "eta_s": (self.total - counters["env_steps"]) / max(counters["env_steps"] - off["env_steps"], 1) * session_s,
-            **rewards, **losses,
+            **rewards, **losses, **reward_model_row(labelers),
             **self.stages.row({kind: [w.stats for w in fresh if w.kind == kind] for kind in KINDS},
                               late=self._late_kinds(fresh)),
         }
@@ -100,6 +100,23 @@ class OffPolicyMetrics:
             "transitions_unlabeled": max(unlabeled, 0), "wall_s": round(self.progress.wall_s, 2),
             "restarts": self.progress["epoch"], "startup_s": startup_s(self.first_step_at),
             "recoveries": self.supervisor.recoveries}
+
+
+def reward_model_row(labelers: list[dict]) -> dict:
+    """The reward models' own numbers (`RewardModel.stats()`, under "reward_model" in each labeler's stats) across the
+    labelers: counts summed, flags true only where every labeler's is, other numbers averaged over the labelers that
+    have one (e.g. a distilled reward's agreement with its teacher)."""
+    own = [l["reward_model"] for l in labelers if l.get("reward_model")]
+    row = {}
+    for key in dict.fromkeys(k for stats in own for k in stats):
+        values = [stats[key] for stats in own if stats.get(key) is not None]
+        if values and all(isinstance(v, bool) for v in values):
+            row[key] = all(values)
+        elif values and all(isinstance(v, int) for v in values):
+            row[key] = sum(values)
+        else:
+            row[key] = float(np.mean(values)) if values else None
+    return row
 
 
 JOB_STARTED_AT: list[float] = []  # a sweep's job after its first: when it started (the process started with the sweep)

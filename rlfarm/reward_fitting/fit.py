@@ -84,10 +84,7 @@ def fit(net: FittedReward, data: LabeledFrames, epochs: int, batch_size: int, lr
     for epoch in range(1, epochs + 1):
         losses = []
         for batch in np.array_split(rng.permutation(train_index), _parts(train_index, batch_size)):
-            loss = F.mse_loss(standardized_scores(batch), standardized[batch].to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            loss = descend(optimizer, standardized_scores(batch), standardized[batch].to(device))
             schedule.step()
             losses.append(loss.item())
         held = held_out_mse()
@@ -101,20 +98,39 @@ def fit(net: FittedReward, data: LabeledFrames, epochs: int, batch_size: int, lr
                      predictions, best[1], round(time.monotonic() - started, 2), curve)
 
 
+def descend(optimizer: torch.optim.Optimizer, scores: torch.Tensor, standardized_targets: torch.Tensor) -> torch.Tensor:
+    """One optimizer step on the fit's loss: the MSE of the head's scores against the standardized targets (both
+    [n], float32). Returns the loss, detached (reading it is the caller's choice: on CUDA it waits for the step)."""
+    loss = F.mse_loss(scores, standardized_targets)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
 def score(net: FittedReward, frames: np.ndarray, device, batch_size: int = 256) -> np.ndarray:
     """The network's rewards for frames [n, S, S, 3k] uint8, as the labelers compute them. Returns [n] float32."""
     return _batched(net, frames, device, batch_size).numpy()
 
 
 def held_out_metrics(predicted: np.ndarray, true: np.ndarray) -> dict:
-    """MSE, MAE, R² (1 − MSE / variance of the truth) and Pearson correlation, in the target's units."""
+    """MSE, MAE, R² (1 − MSE / variance of the truth), Pearson and Spearman correlation, in the target's units
+    (the correlations NaN where either side is constant)."""
     error = predicted.astype(np.float64) - true
     variance = float(np.var(true))
-    correlation = float(np.corrcoef(predicted, true)[0, 1]) if len(true) > 1 and np.std(predicted) > 0 and variance > 0 else float("nan")
+    varied = len(true) > 1 and np.std(predicted) > 0 and variance > 0
+    correlation = float(np.corrcoef(predicted, true)[0, 1]) if varied else float("nan")
     mse = float(np.mean(error**2))
     return {"frames": int(len(true)), "mse": mse, "mae": float(np.mean(np.abs(error))),
             "r2": 1 - mse / variance if variance > 0 else float("nan"), "pearson": correlation,
+            "spearman": rank_correlation(predicted, true) if varied else float("nan"),
             "target_mean": float(np.mean(true)), "target_std": float(np.std(true))}
+
+
+def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rho: the Pearson correlation of the two arrays' ranks (continuous rewards: ties are rare)."""
+    ranks = [np.argsort(np.argsort(x)).astype(np.float64) for x in (a, b)]
+    return float(np.corrcoef(*ranks)[0, 1])
 
 
 def _trained_copy(net: FittedReward) -> dict[str, torch.Tensor]:

@@ -94,6 +94,20 @@ def test_judge_bench_takes_its_own_sizes_and_a_judge_reward_of_each_shape():
         bench_sizes(compose("bench", ["bench=labeler", "bench.reward=blip"]).bench, "cpu")
 
 
+def test_distilled_judge_bench_warms_its_student_before_it_times_it(one_torch_thread):
+    """bench.distilled=true: reward=distilled with the judge as teacher, its student warm (on teacher labels alone: a
+    random judge's answers are noise) before the direct call is timed."""
+    from rlfarm.bench.labeler import bench_sizes, distilled_direct, distilled_reward_cfg, judge_reward_cfg
+
+    cfg = compose("bench", ["bench=labeler", "bench.reward=vlm_judge", "bench.distilled=true",
+                            "bench.distill.min_teacher_labels=64"]).bench
+    size = bench_sizes(cfg, "cpu")
+    reward = distilled_reward_cfg(cfg, judge_reward_cfg(cfg, "tiny_shape", size), 32)
+    assert (reward["teacher"]["model"], reward["student_frame_size"], reward["teacher_fraction"]) == ("tiny_shape", 32, 0.1)
+    rate, stats = distilled_direct(reward, size, "cpu")
+    assert rate > 0 and stats["distill_warm"] and stats["distill_teacher_fraction"] < 1, stats
+
+
 @pytest.mark.gpu
 def test_judge_bench_on_gpu_small():
     from rlfarm.bench import labeler

@@ -212,6 +212,17 @@ CASES = [
     pytest.param(["train", "reward=model", "reward.module._target_=rlfarm.rewards.model.BrightnessReward",
                   "+reward.module.scale=abc"], "reward.module: rlfarm.rewards.model.BrightnessReward cannot be built: "
                  "ValueError: could not convert string to float: 'abc'", id="reward-module-constructor-raises"),
+    # reward=distilled: the teacher's keys under reward.teacher, the student's settings checked by their ranges
+    pytest.param(["train", "reward=distilled"], "reward.teacher.model is required but not set",
+                 id="distilled-without-a-teacher-model"),
+    pytest.param(["train", "reward=distilled", "reward.teacher.model=tiny_shape", "reward.teacher_fraction=1.5"],
+                 "reward.teacher_fraction must be in (0, 1], got 1.5 — set reward.teacher_fraction to a value in (0, 1]",
+                 id="distilled-teacher-fraction-out-of-range"),
+    pytest.param(["train", "reward=distilled", "reward.teacher.model=/nonexistent/judge"],
+                 "reward.teacher.model: no such folder '/nonexistent/judge'", id="distilled-teacher-model-missing"),
+    pytest.param(["train", "reward=distilled", "reward.teacher.model=tiny_shape", "reward.teacher.score=logit"],
+                 "reward.teacher.score='logit' is not a judge score — set reward.teacher.score=log_odds or p_yes",
+                 id="distilled-teacher-setting-bad"),
     pytest.param(["train", "algo=ppo", "env=pendulum", "model.actor.hidden=[-3]"],
                  "model.actor (rlfarm.models.actor_critic.ActorCritic) cannot be built for Pendulum-v1: RuntimeError",
                  id="policy-constructor-raises"),
