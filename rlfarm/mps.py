@@ -1,9 +1,14 @@
-"""NVIDIA MPS for a run (`topology.mps=true`): the run starts a private MPS control daemon before Ray, every GPU
-process of the run becomes its client, and the daemon is told to quit when the run ends, however it ends.
+"""NVIDIA MPS for a run (`topology.mps=true`): the run starts a private MPS control daemon before Ray, the labelers
+(the processes that share the reward GPUs) become its clients, and the daemon is told to quit when the run ends,
+however it ends.
 
 Why: processes that share a GPU without MPS take turns on it in time slices (each its own context), so two labelers
-on one reward GPU, or a labeler beside an engine, cannot overlap their kernels; under MPS their work runs on the GPU
-at the same time, as one context would. EGL renderers are not CUDA clients: MPS does not change how they share.
+on one reward GPU cannot overlap their kernels; under MPS their work runs on the GPU at the same time, as one
+context's would. EGL renderers are not CUDA clients: MPS does not change how they share. The learner stays outside:
+it has its GPU to itself, and a SAC learner lives on launch latency (in the one run where every GPU process of the run
+was a client, 2x H200 2026-11-30, its updates ran at 1,371/s with its GPU 45 % busy, about half its bench; not
+measured apart from other causes). Only the labeling farm's labelers are clients (rlfarm/loops/roles.py); in the
+other families the option starts a daemon that no role uses.
 
 The daemon is the run's own: its pipe directory (a fresh one under the temp dir: the pipes' paths must stay short)
 is handed to Ray's workers through the environment (CUDA_MPS_PIPE_DIRECTORY), so it serves this run's processes and
@@ -32,6 +37,7 @@ PIPE_ENV, LOG_ENV = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
 OFF = "or set topology.mps=false"
 
 log = logging.getLogger("rlfarm")
+_clients: dict[str, str] = {}  # while this process's run has a daemon: the environment that makes a process its client
 
 
 def wants_mps(cfg: DictConfig) -> bool:
@@ -53,8 +59,8 @@ def check_mps(cfg: DictConfig) -> None:
 
 @contextmanager
 def mps_daemon(cfg: DictConfig, run_dir: str | os.PathLike):
-    """While open: this run's MPS daemon runs and the processes started from here (Ray and its workers) are its
-    clients. Nothing when topology.mps is false."""
+    """While open: this run's MPS daemon runs, and roles started with `client_options()` are its clients. Nothing
+    when topology.mps is false."""
     if not wants_mps(cfg):
         yield None
         return
@@ -67,19 +73,24 @@ def mps_daemon(cfg: DictConfig, run_dir: str | os.PathLike):
     except ConfigError:
         shutil.rmtree(pipe, ignore_errors=True)
         raise
-    before = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)  # Ray's local cluster, started next, hands the driver's environment to every worker
-    log.info("MPS daemon started (pipe %s)", pipe)
+    _clients.update(env)
+    log.info("MPS daemon started (pipe %s): the labelers are its clients", pipe)
     try:
         yield pipe
     finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _clients.clear()
         _quit(env, pipe)
         shutil.rmtree(pipe, ignore_errors=True)
+
+
+def client_options() -> dict:
+    """Ray actor options that make a role a client of the run's daemon ({} when there is none): its environment, on
+    top of the run's own (rlfarm.cluster: what every worker is handed)."""
+    if not _clients:
+        return {}
+    from rlfarm.cluster import worker_env_vars
+
+    return {"runtime_env": {"env_vars": {**worker_env_vars(), **_clients}}}
 
 
 def _start(env: dict, pipe: Path, logs: Path) -> None:

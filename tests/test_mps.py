@@ -8,7 +8,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from rlfarm.mps import PIPE_ENV, mps_daemon
+from rlfarm.mps import PIPE_ENV, client_options, mps_daemon
 
 CUDA_WORK = "import torch; x = torch.ones(1024, device='cuda'); print(float((x @ x).item()))"
 
@@ -18,10 +18,12 @@ CUDA_WORK = "import torch; x = torch.ones(1024, device='cuda'); print(float((x @
 def test_a_run_s_mps_daemon_serves_its_cuda_processes_and_quits(tmp_path):
     cfg = OmegaConf.create({"topology": {"mps": True}, "ray": {"address": None}})
     with mps_daemon(cfg, tmp_path) as pipe:
-        assert os.environ[PIPE_ENV] == str(pipe)
-        client = subprocess.run([sys.executable, "-c", CUDA_WORK], capture_output=True, text=True, timeout=120)
+        env = client_options()["runtime_env"]["env_vars"]  # what the labelers are started with
+        assert env[PIPE_ENV] == str(pipe) and PIPE_ENV not in os.environ  # the driver itself is no client
+        client = subprocess.run([sys.executable, "-c", CUDA_WORK], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, **env})
         assert client.returncode == 0, client.stderr[-2000:]
         assert client.stdout.strip() == "1024.0"
-    assert PIPE_ENV not in os.environ and not pipe.exists()
+    assert client_options() == {} and not pipe.exists()
     control_log = (tmp_path / "mps" / "control.log").read_text()
     assert "server" in control_log.lower(), control_log[-2000:]  # a server was started for the client

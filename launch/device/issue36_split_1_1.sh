@@ -21,9 +21,9 @@
 # Usage (device tool, kind nvidia-h200-x2; carry .devpkgs, .gl and .wt_farm2, a copy of this tree with the mujoco,
 # mujoco-core, glfw and pyopengl wheels in .wt_farm2/whl):
 #   source .devpkgs/setup.sh && cd .wt_farm2 && export PYTHONPATH=$PWD:$PYTHONPATH && bash launch/device/issue36_split_1_1.sh
-# RUNS picks runs (default: env_frames clip_bf16 clip_fp8 judge, in that order; clip_mps on request); each reward run
-# brings its own ceiling (clip_mps clip_bf16's), env_frames the learner's bench: e.g. RUNS=judge for a call of the
-# judge alone (~3 min on a warm machine). TESTS=1 first runs the MPS GPU test (tests/test_mps.py).
+# RUNS picks runs (default: env_frames clip_bf16 clip_fp8 judge; also clip_mps, judge_mps (topology.mps=true) and
+# distilled (reward=distilled, item 5)); each reward run brings its own ceiling (the MPS runs and distilled their plain
+# model's); the learner's bench runs beside the ceilings. TESTS=1 first runs the MPS GPU test (tests/test_mps.py).
 # DEVICE=cpu: a dry run of every command at tiny sizes on a CPU machine (GPUs declared to Ray, tiny models).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; W=${WORK:-/tmp/i36}; GL=${GL:-../.gl}; WHL=${WHL:-whl}; DEVICE=${DEVICE:-cuda}
@@ -52,7 +52,10 @@ else
   CLIP_SHAPE=vit-l-14; RUNS=${RUNS:-env_frames clip_bf16 clip_fp8 judge}; SIZE=(); FRAME=224
 fi
 wanted() { [[ " $RUNS " == *" $1 "* ]]; }
-CASES=$(for case in clip_bf16 clip_fp8 judge; do { wanted $case || { [ $case = clip_bf16 ] && wanted clip_mps; }; } && echo $case; done)
+needs_case() {  # the ceiling a run is compared with: clip_mps clip_bf16's, judge_mps and distilled the judge's
+  wanted $1 || { [ $1 = clip_bf16 ] && wanted clip_mps; } || { [ $1 = judge ] && { wanted judge_mps || wanted distilled; }; }
+}
+CASES=$(for case in clip_bf16 clip_fp8 judge; do needs_case $case && echo $case; done)
 CLIP=/tmp/clip-$CLIP_SHAPE
 collect() { python3 launch/device/collect.py issue36 "$W" > "$OUT/issue36.json.tmp" && mv "$OUT/issue36.json.tmp" "$OUT/issue36.json"; }
 logs() {  # the plan, the timeline and every log's tail, in one file
@@ -70,7 +73,8 @@ fi
 # 1. the learner's bench on GPU 0 beside the reward models' direct calls on GPU 1
 log "bench learner (GPU 0) and reward ceilings (GPU 1)"
 bench_learner=""
-if wanted env_frames; then
+if [ -n "$RUNS" ]; then  # every run's learner: its first update then finds inductor's cache warm (a cold compile took
+                         # ~25 s of a 35-s run, 2026-11-30), and the learner line's baseline
   CUDA_VISIBLE_DEVICES=0 timeout 240 rlfarm bench learner device=$DEVICE '~bench.cases.pendulum' 'bench.sizes.fast=[]' \
     bench.sizes.profile=false bench.sizes.beside=null bench.sizes.batch_size=$BATCH hydra.run.dir="$W/bench_learner" \
     > "$W/bench_learner.log" 2>&1 &
@@ -134,13 +138,18 @@ placement() {  # which processes hold which GPU, once the env-reward run is acti
 probe=""; wanted env_frames && { placement & probe=$!; }
 train env_frames $WALL 60 reward=env topology.roles.env_runner.count=$RUNNERS labeler.bus_items=1024
 [ -n "$probe" ] && kill $probe 2> /dev/null
-train clip_bf16 $WALL 120 reward=clip reward.model="$CLIP" reward.compile=true topology.roles.env_runner.count=$RUNNERS \
-  labeler.bus_items=1024
-train clip_mps $WALL 120 reward=clip reward.model="$CLIP" reward.compile=true topology.roles.env_runner.count=$RUNNERS \
-  labeler.bus_items=1024 topology.mps=true
-train clip_fp8 $WALL 120 reward=clip reward.model="$CLIP" reward.precision=fp8 topology.roles.env_runner.count=$RUNNERS \
-  labeler.bus_items=1024
-train judge $JUDGE_WALL 90 reward=vlm_judge reward.model=$JUDGE topology.roles.env_runner.count=$JUDGE_RUNNERS labeler.bus_items=256
+# the order is the priority when the call runs short (`train` skips a run that no longer fits)
+clip() { train "$1" $WALL 120 reward=clip reward.model="$CLIP" topology.roles.env_runner.count=$RUNNERS labeler.bus_items=1024 "${@:2}"; }
+judge() { train "$1" $JUDGE_WALL 90 topology.roles.env_runner.count=$JUDGE_RUNNERS labeler.bus_items=256 "${@:2}"; }
+clip clip_bf16 reward.compile=true
+judge judge reward=vlm_judge reward.model=$JUDGE
+judge judge_mps reward=vlm_judge reward.model=$JUDGE topology.mps=true
+clip clip_mps reward.compile=true topology.mps=true
+clip clip_fp8 reward.precision=fp8
+# item 5: the judge labels a tenth of the frames once a PixelCNN student fitted online agrees; random weights agree
+# with nothing, so the student goes warm on the label count alone (warm_agreement=-1): a throughput figure only
+judge distilled reward=distilled reward.teacher.model=$JUDGE reward.teacher_fraction=0.1 reward.warm_agreement=-1 \
+  reward.min_teacher_labels=2048
 log "done"
 collect; logs
 python3 -c "import json; print(json.dumps(json.load(open('$OUT/issue36.json'))['checks'], indent=1))"

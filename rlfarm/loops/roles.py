@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlfarm.envs.spaces import env_policy_dims
 from rlfarm.loops.deadlines import RoleUnresponsive
 from rlfarm.loops.learner_group import LearnerGroup, start_ranks
+from rlfarm.mps import client_options
 from rlfarm.roles.env_runner import EnvRunner
 from rlfarm.roles.actor_learner import ActorLearner
 from rlfarm.roles.labeler import Labeler
@@ -100,7 +101,8 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
             int(algo.chunk_steps), int(algo.credits), random_steps, p.threads, frame_stack, behaviour)
         for p in runner_places]
     labelers = [
-        ray.remote(Labeler).options(**placed.options(p), max_concurrency=CONCURRENCY, **restartable).remote(
+        ray.remote(Labeler).options(**placed.options(p), max_concurrency=CONCURRENCY, **restartable,
+                                    **client_options()).remote(
             p.index, as_dict(cfg.reward), int(cfg.labeler.bus_items), float(cfg.labeler.bus_timeout_s), p.threads,
             quarantine_dir)
         for p in plan.of("labeler")]

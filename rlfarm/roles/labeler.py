@@ -230,7 +230,8 @@ class Labeler:
                 "in_call_s": time.monotonic() - calls[0] if calls else 0.0,
                 "warm": self.calls_ended >= WARMUP_CALLS,
                 "labeling_lag_s": lag, "queued": len(self.bus), "device": self.device,
-                "quarantined": self.quarantined, "retries": self.retries, "last_error": self.last_error}
+                "quarantined": self.quarantined, "retries": self.retries, "last_error": self.last_error,
+                "reward_model": self.model.stats() if hasattr(self.model, "stats") else {}}  # e.g. a distilled reward's
 
 
 class _Failed(Pending):

@@ -96,3 +96,39 @@ def test_sliding_window_attention_is_refused_in_one_line(one_torch_thread):
     ids, mask = _rows()
     with pytest.raises(ValueError, match=r"^algo.packed: sliding-window attention .* set algo.packed=false"):
         packed_logprobs(model, ids, mask, response_start=6)
+
+
+@pytest.mark.gpu
+def test_on_cuda_in_bf16_packed_runs_varlen_flash_and_matches_the_padded_masked_path():
+    """The GPU's path: torch's varlen flash attention (not the CPU's masked SDPA), bf16 weights and activations; its
+    log-probs and gradients are the padded path's within bf16 noise (the two kernels sum in different orders)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    import rlfarm.models.packed as packed
+
+    config = {**QWEN2, "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "max_position_embeddings": 256}
+    torch.manual_seed(0)
+    model = causal_lm(config).to("cuda", torch.bfloat16)
+    ids, mask = (t.cuda() for t in _rows())
+    ids = ids * 20 % 512 * mask
+    response = mask[:, 6:].bool()
+    weights = torch.arange(1.0, 8.0, device="cuda") * response
+    called = []
+    varlen = packed._varlen
+    packed._varlen = lambda *args, **kwargs: called.append(1) or varlen(*args, **kwargs)  # the kernel ran, not SDPA
+    try:
+        results = []
+        for score in (sequence_logprobs, packed_logprobs):
+            model.zero_grad()
+            logprobs = score(model, ids, mask, 6, 0.9)
+            (logprobs * weights).sum().backward()
+            results.append((logprobs.detach(), {n: p.grad.float().clone() for n, p in model.named_parameters()}))
+    finally:
+        packed._varlen = varlen
+    assert called
+    (padded, padded_grads), (packed_out, packed_grads) = results
+    torch.testing.assert_close(packed_out[response], padded[response], atol=0.05, rtol=0.02)
+    for name, grad in padded_grads.items():
+        cosine = torch.nn.functional.cosine_similarity(packed_grads[name].flatten(), grad.flatten(), dim=0)
+        assert cosine > 0.99, (name, float(cosine))

@@ -2,7 +2,6 @@
 agrees with it; until then every frame is the teacher's. A cheap teacher that is a function of the frames (the mean
 brightness: learnable), the tiny random-weight judge through Hydra, teacher failures, and a SAC run with the judge
 as teacher through the labeling farm."""
-import inspect
 import json
 
 import numpy as np
@@ -17,7 +16,6 @@ from rlfarm.loops.offpolicy_metrics import reward_model_row
 from rlfarm.rewards import ModuleReward, RewardModelError
 from rlfarm.rewards.distilled import DistilledReward
 from rlfarm.rewards.vlm_factory import save_random_judge
-from rlfarm.roles.labeler import Labeler
 
 SIDE = 16
 SMALL_STUDENT = {"_target_": "rlfarm.rewards.fitted.PixelCNN", "channels": [8, 16], "hidden": 32}
@@ -167,11 +165,6 @@ def test_reward_model_stats_across_labelers():
     assert reward_model_row([{}]) == {}
 
 
-# Whether the labeler passes its model's own stats on (Labeler.stats()["reward_model"]): until it does, the run's rows
-# hold no distillation numbers and the run is checked for its counts only.
-HOOKED = "reward_model" in inspect.getsource(Labeler.stats)
-
-
 @pytest.mark.slow  # a SAC run through Ray with the judge and a student in the labeler
 def test_sac_with_a_distilled_judge_labels_every_transition(tmp_path, tiny_judge):
     run_dir = tmp_path / "run"
@@ -184,8 +177,6 @@ def test_sac_with_a_distilled_judge_labels_every_transition(tmp_path, tiny_judge
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["transitions_produced"] == summary["transitions_labeled"] == summary["transitions_stored"] == 256
-    if not HOOKED:  # the labeler does not pass its model's stats on yet (Labeler.stats: "reward_model")
-        return
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["distill_frames"] == 256 and last["distill_warm"] is True, last
     assert 64 <= last["distill_teacher_labels"] < 256 and last["distill_student_steps"] > 0, last
