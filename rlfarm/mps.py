@@ -11,9 +11,10 @@ measured apart from other causes). Only the labeling farm's labelers are clients
 other families the option starts a daemon that no role uses.
 
 The daemon is the run's own: its pipe directory (a fresh one under the temp dir: the pipes' paths must stay short)
-is handed to Ray's workers through the environment (CUDA_MPS_PIPE_DIRECTORY), so it serves this run's processes and
-no one else's, and quitting it does not touch another user's daemon; its log is the run directory's `mps/`. Only a private local cluster can do this: on a cluster joined at
-ray.address the workers' environment is the nodes', so the check refuses it with the fix (start MPS on every node).
+is handed to the labelers through their environment (CUDA_MPS_PIPE_DIRECTORY), so it serves this run's processes and
+no one else's, and quitting it does not touch another user's daemon; its log is the run directory's `mps/`. Only a
+private local cluster can do this: on a cluster joined at ray.address the workers' environment is the nodes', so the
+check refuses it with the fix (start MPS on every node).
 """
 from __future__ import annotations
 
@@ -70,8 +71,8 @@ def mps_daemon(cfg: DictConfig, run_dir: str | os.PathLike):
     env = {PIPE_ENV: str(pipe), LOG_ENV: str(logs)}
     try:
         _start(env, pipe, logs)
-    except ConfigError:
-        shutil.rmtree(pipe, ignore_errors=True)
+    except BaseException:  # a failed start, or Ctrl-C during one: a daemon that came up after all is told to quit
+        _stop(env, pipe)
         raise
     _clients.update(env)
     log.info("MPS daemon started (pipe %s): the labelers are its clients", pipe)
@@ -79,7 +80,13 @@ def mps_daemon(cfg: DictConfig, run_dir: str | os.PathLike):
         yield pipe
     finally:
         _clients.clear()
-        _quit(env, pipe)
+        _stop(env, pipe)
+
+
+def _stop(env: dict, pipe: Path) -> None:
+    """Quit the daemon where its control pipe is, and remove the pipe directory unless a daemon still listens there
+    (the warning's command needs it)."""
+    if not (pipe / "control").exists() or _quit(env, pipe):
         shutil.rmtree(pipe, ignore_errors=True)
 
 
@@ -109,15 +116,20 @@ def _start(env: dict, pipe: Path, logs: Path) -> None:
                           f"need root), {OFF}")
 
 
-def _quit(env: dict, pipe: Path) -> None:
-    """Ask the daemon to quit (it ends once its clients have); a daemon that will not leaves a warning, not a failed
-    run."""
+def _quit(env: dict, pipe: Path) -> bool:
+    """Ask the daemon to quit (it ends once its clients have); whether it took the command. A daemon that will not
+    leaves a warning, not a failed run."""
     try:
-        subprocess.run([CONTROL], input="quit\n", env={**os.environ, **env}, capture_output=True, text=True,
-                       timeout=QUIT_TIMEOUT_S)
+        answer = subprocess.run([CONTROL], input="quit\n", env={**os.environ, **env}, capture_output=True, text=True,
+                                timeout=QUIT_TIMEOUT_S)
+        said = (answer.stderr or answer.stdout).strip()
+        problem = None if answer.returncode == 0 else said or f"exit {answer.returncode}"
     except (OSError, subprocess.TimeoutExpired) as error:
+        problem = str(error)
+    if problem is not None:
         log.warning("the MPS daemon of %s did not take `quit` (%s); stop it with: echo quit | %s=%s %s",
-                    pipe, error, PIPE_ENV, pipe, CONTROL)
+                    pipe, problem, PIPE_ENV, pipe, CONTROL)
+    return problem is None
 
 
 def _last_log_line(logs: Path) -> str | None:
