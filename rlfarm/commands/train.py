@@ -80,10 +80,10 @@ def task(cfg: DictConfig) -> dict:
     except Exception as error:  # any failure: one line on screen, the traceback in train.log
         log.debug("run failed", exc_info=True)
         message = failure_line(error)
-        if run is None and resume_from_dir_is_new(cfg, run_dir):
-            discard_run_dir(run_dir)
-        else:
+        if run is not None:
             run.fail(message)
+        elif resume_from_dir_is_new(cfg, run_dir):  # a resumed run failing before its Run (Ray, MPS) keeps its dir
+            discard_run_dir(run_dir)
         fail(message)
     log.info(family.closing_paragraph(cfg, summary, run_dir))
     return summary
