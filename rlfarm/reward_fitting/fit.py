@@ -128,9 +128,16 @@ def held_out_metrics(predicted: np.ndarray, true: np.ndarray) -> dict:
 
 
 def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman's rho: the Pearson correlation of the two arrays' ranks (continuous rewards: ties are rare)."""
-    ranks = [np.argsort(np.argsort(x)).astype(np.float64) for x in (a, b)]
-    return float(np.corrcoef(*ranks)[0, 1])
+    """Spearman's rho: the Pearson correlation of the two arrays' ranks, tied values sharing their mean rank (a bf16
+    student's scores tie often, a thresholded teacher's labels mostly: ranks broken by position would count the
+    arrays' order, not their agreement)."""
+    return float(np.corrcoef(*(_mean_ranks(x) for x in (a, b)))[0, 1])
+
+
+def _mean_ranks(x: np.ndarray) -> np.ndarray:
+    _, inverse, counts = np.unique(np.asarray(x).reshape(-1), return_inverse=True, return_counts=True)
+    first = np.cumsum(counts) - counts  # the rank of each distinct value's first copy, from 0
+    return (first + (counts - 1) / 2)[inverse].astype(np.float64)
 
 
 def _trained_copy(net: FittedReward) -> dict[str, torch.Tensor]:

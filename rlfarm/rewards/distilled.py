@@ -20,7 +20,8 @@ The student is warm while it has seen `min_teacher_labels` teacher labels and it
 `warm_agreement`; when the agreement drops below it again (the policy moved to frames the student has not learned),
 every frame goes back to the teacher until it recovers, so the agent never trains on a student that does not follow
 the teacher. A teacher that raises, or returns the wrong count or NaN/inf, raises here too, before the student learns
-anything of that call: the labeler retries the bus and quarantines what fails again.
+anything of that call: the labeler retries the bus and quarantines what fails again. So does a student whose scores of
+the frames it labels are NaN/inf, after going cold: the retry is the teacher's, and the call's labels are learned once.
 
 On CUDA the teacher's and the student's work are queued as `start` returns (the labeler prepares its next bus
 meanwhile); `result` waits for the teacher's labels and queues the student's training steps behind them.
@@ -116,7 +117,9 @@ class DistilledReward(RewardModel):
         self.student.to(self._device).train()
         trained = [p for p in self.student.parameters() if p.requires_grad]
         self._optimizer = torch.optim.AdamW(trained, lr=s.lr, weight_decay=s.weight_decay)
-        self._rng = np.random.default_rng(s.seed)
+        # the teacher's share and the student's minibatches in streams of their own: which of `start` (the next bus)
+        # and `result` (the last one's training) draws first depends on the bus timing, and must not move the choice
+        self._rng, self._train_rng = (np.random.default_rng(seq) for seq in np.random.SeedSequence(s.seed).spawn(2))
         self._replay = Replay(s.replay_frames, self._device)
         self._agreement = Window(s.agreement_window)
         self._recent: deque = deque(maxlen=RECENT_CALLS)  # per call: (frames, teacher frames, teacher sum, student sum)
@@ -170,7 +173,7 @@ class DistilledReward(RewardModel):
         mean, std = float(labels.mean()), float(labels.std())
         self.student.set_target_stats(mean, std)
         for _ in range(steps):
-            index = torch.from_numpy(self._rng.integers(0, len(labels), batch_size)).to(self._device)
+            index = torch.from_numpy(self._train_rng.integers(0, len(labels), batch_size)).to(self._device)
             frames, targets = self._replay.frames[index], (self._replay.labels[index] - mean) / max(std, 1e-6)
             with self._autocast():
                 scores = self.student.head(self.student.features(frames)).float()
@@ -228,6 +231,12 @@ class _Distilling(Pending):
         if not np.isfinite(labels).all():
             raise FloatingPointError(f"the teacher returned {int((~np.isfinite(labels)).sum())} NaN/inf rewards")
         rewards = np.array(self.scored.result(), dtype=np.float32)
+        students = np.ones(len(rewards), bool)
+        students[self.chosen] = False
+        if not np.isfinite(rewards[students]).all():  # before learning: the labeler's retry must not learn it twice
+            self.model.warm = False  # the retry (and every call until it agrees again) is the teacher's
+            raise FloatingPointError(f"the student returned {int((~np.isfinite(rewards[students])).sum())} NaN/inf "
+                                     "rewards; it is cold again")
         chosen = torch.from_numpy(self.chosen).to(self.frames.device)
         self.model.learn(self.frames[chosen], labels, rewards[self.chosen])
         rewards[self.chosen] = labels

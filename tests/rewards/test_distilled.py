@@ -111,6 +111,36 @@ def test_the_choice_is_seeded(one_torch_thread):
     assert len(set(picks)) == 3 and all(8 <= len(p) <= 11 for p in picks)  # fresh at random, ~teacher_fraction
 
 
+def test_the_choice_does_not_follow_the_student_s_training(one_torch_thread):
+    """The labeler starts its next bus before or after the last one trains, as the bus timing falls: the teacher's share
+    is drawn from a stream of its own, so the seeded choice is the same either way."""
+    picks = []
+    for extra_training in (False, True):
+        model = distilled(min_teacher_labels=64, warm_agreement=-1.0)
+        model({"frames": scenes(64, np.random.default_rng(0))})
+        if extra_training:
+            model._train(2, 8)
+        picks.append(model.choose(100))
+    assert np.array_equal(*picks)
+
+
+def test_a_student_that_returns_nan_goes_cold_and_its_retry_learns_the_call_once(one_torch_thread):
+    model, rng = distilled(min_teacher_labels=64, warm_agreement=-1.0), np.random.default_rng(0)
+    model({"frames": scenes(64, rng)})
+    assert model.warm
+    before = model.stats()
+    model.student.target_mean.fill_(float("nan"))  # every score NaN
+    frames = scenes(64, rng)
+    with pytest.raises(FloatingPointError, match="the student returned .* NaN/inf rewards"):
+        model({"frames": frames})
+    assert not model.warm and model.stats()["distill_teacher_labels"] == before["distill_teacher_labels"]
+    rewards = model({"frames": frames})  # the labeler's retry: every frame the teacher's, learned once
+    assert np.array_equal(rewards, model.teacher({"frames": frames}))
+    after = model.stats()
+    assert after["distill_frames"] - before["distill_frames"] == 64
+    assert after["distill_teacher_labels"] - before["distill_teacher_labels"] == 64 and model._replay.size == 128
+
+
 @pytest.mark.parametrize("how, error", [("raise", RuntimeError), ("nan", FloatingPointError)])
 def test_a_failing_teacher_fails_the_call_and_teaches_nothing(one_torch_thread, how, error):
     model = distilled(Broken(how))

@@ -53,6 +53,14 @@ def test_held_out_metrics_and_calibration_by_hand():
                                                          {"true": 2.5, "predicted": 3.5, "frames": 2}]
 
 
+def test_spearman_gives_tied_values_their_mean_rank():
+    """A thresholded teacher (0/1) against scores that separate its classes: the same rho whatever order the frames of
+    a class came in (ranks broken by position gave 1.0 for one order, 0.52 for the other)."""
+    true = np.array([0.0, 0, 0, 0, 1, 1, 1, 1])
+    for predicted in ([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8], [0.4, 0.3, 0.2, 0.1, 0.8, 0.7, 0.6, 0.5]):
+        assert held_out_metrics(np.array(predicted), true)["spearman"] == pytest.approx(np.sqrt(48 / 63))
+
+
 def test_cnn_fits_a_function_of_the_pixels_and_its_file_labels_as_it_scores(tmp_path, one_torch_thread):
     data = bright_square_frames(400)
     net = PixelCNN(frame_size=16, channels=(8, 16), hidden=32)
