@@ -114,7 +114,7 @@ train() {  # name, seconds of acting, seconds its start-up may take at most, ove
   local spy=""; [[ $name == clip* ]] && { profile_labelers "$name" & spy=$!; }
   timeout $limit rlfarm train topology=split_1_1 env=halfcheetah run.live=false run.checkpoint=false \
     total_env_steps=100000000 env.num_envs=$NUM_ENVS algo.utd_ratio=${RUN_UTD:-$UTD} algo.batch_size=$BATCH \
-    labeler.bus_timeout_s=0.2 run.restart_timeout_s=300 run.max_wall_s=$wall reward.frame_size=$FRAME \
+    labeler.bus_timeout_s=0.2 run.restart_timeout_s=300 run.max_wall_s=$wall ${FRAME_KEY:-reward.frame_size}=$FRAME \
     hydra.run.dir="$W/runs/$name" "${SIZE[@]}" "$@" > "$W/$name.log" 2>&1
   log "$name rc=$?"
   [ -n "$sampler" ] && kill $sampler
@@ -151,7 +151,7 @@ clip clip_mps reward.compile=true topology.mps=true
 clip clip_fp8 reward.precision=fp8
 # item 5: the judge labels a tenth of the frames once a PixelCNN student fitted online agrees; random weights agree
 # with nothing, so the student goes warm on the label count alone (warm_agreement=-1): a throughput figure only
-judge distilled reward=distilled reward.teacher.model=$JUDGE reward.teacher_fraction=0.1 reward.warm_agreement=-1 \
+FRAME_KEY=reward.teacher.frame_size judge distilled reward=distilled reward.teacher.model=$JUDGE reward.teacher_fraction=0.1 reward.warm_agreement=-1 \
   reward.min_teacher_labels=2048
 log "done"
 collect; logs
