@@ -22,7 +22,7 @@ class TokenCritic(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_start: int) -> torch.Tensor:
         """Values [B, T] (float32) of the states that chose each response token: the hidden state at position
-        P + t − 1 (as `rlfarm.models.lm.response_logits`). Inputs: left-padded prompts [B, P] + responses [B, T]."""
+        P + t − 1 (as `rlfarm.models.lm.sequence_logprobs`). Inputs: left-padded prompts [B, P] + responses [B, T]."""
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
                                position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
         return self.head(hidden[:, response_start - 1:-1]).squeeze(-1).float()

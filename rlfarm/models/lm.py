@@ -103,25 +103,13 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     return tempered_log_softmax(logits, temperature).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def response_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    response_start: int) -> torch.Tensor:
-    """The logits that predicted each response token.
-
-    input_ids, attention_mask: [B, L] = left-padded prompts [B, P] followed by responses [B, T],
-    with response_start = P. Token t of the response is predicted by the logits at position P + t − 1.
-    Returns [B, T, V]; rows where the mask is 0 are meaningless (mask them out).
-    """
-    response_len = input_ids.shape[1] - response_start
-    return model(input_ids=input_ids, attention_mask=attention_mask,
-                 position_ids=position_ids_from_mask(attention_mask), use_cache=False,
-                 logits_to_keep=response_len + 1).logits[:, :-1]
-
-
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       response_start: int, temperature: float = 1.0, logit_budget: int | None = None
                       ) -> torch.Tensor:
     """Log-probabilities [B, T] (float32) of the response tokens under `model` sampling at `temperature`.
-    Inputs as `response_logits`. Where the response's logits would pass `logit_budget` elements (`LOGIT_BUDGET`
+    input_ids, attention_mask: [B, L] = left-padded prompts [B, P] followed by responses [B, T], response_start = P:
+    token t of the response is predicted by the logits at position P + t − 1 (values where the mask is 0 are
+    meaningless: mask them out). Where the response's logits would pass `logit_budget` elements (`LOGIT_BUDGET`
     unless given) and the model's head is a `ScoringHead`, the head scores the tokens itself, on chunks of tokens
     whose logits are recomputed in the backward pass rather than kept (same values, same gradients). The model's
     own forward runs either way, so DDP's and FSDP's hooks around it do too. `rlfarm.models.packed` scores the same
