@@ -34,6 +34,10 @@ JUDGE_WALL=${JUDGE_WALL:-90}; PROFILE_S=${PROFILE_S:-12}
 # the CLIP runs' UTD: 0.25 (the issue's own) leaves the learner room, so the labelers set the pace and the "labelers vs
 # the bare tower" line can be judged; at 0.75 (UTD, the learner line's setting) the learner bounded the CLIP runs
 CLIP_UTD=${CLIP_UTD:-0.25}
+# the CLIP runs' runners x sub-envs: each runner is one EGL context on the reward GPU, time-sliced with the labelers'
+# CUDA contexts (2026-11-30: 24 x 4 left the labelers waiting on that GPU 95 % of their time), so fewer runners with
+# more sub-envs each (e.g. 12 x 8: the same envs) leave the labelers more of it
+CLIP_RUNNERS=${CLIP_RUNNERS:-$RUNNERS}; CLIP_ENVS=${CLIP_ENVS:-$NUM_ENVS}
 HARD=${HARD:-540}   # seconds into the call by which every run must have ended (the device call's limit less the rest)
 rm -rf "$W"; mkdir -p "$OUT" "$W/runs" "$W/sync"
 log() { echo "[${SECONDS}s] $*" | tee -a "$W/timeline.txt"; }
@@ -113,7 +117,7 @@ train() {  # name, seconds of acting, seconds its start-up may take at most, ove
   log "$name starts (limit ${limit} s)"
   local spy=""; [[ $name == clip* ]] && { profile_labelers "$name" & spy=$!; }
   timeout $limit rlfarm train topology=split_1_1 env=halfcheetah run.live=false run.checkpoint=false \
-    total_env_steps=100000000 env.num_envs=$NUM_ENVS algo.utd_ratio=${RUN_UTD:-$UTD} algo.batch_size=$BATCH \
+    total_env_steps=100000000 env.num_envs=${RUN_ENVS:-$NUM_ENVS} algo.utd_ratio=${RUN_UTD:-$UTD} algo.batch_size=$BATCH \
     labeler.bus_timeout_s=0.2 run.restart_timeout_s=300 run.max_wall_s=$wall ${FRAME_KEY:-reward.frame_size}=$FRAME \
     hydra.run.dir="$W/runs/$name" "${SIZE[@]}" "$@" > "$W/$name.log" 2>&1
   log "$name rc=$?"
@@ -142,7 +146,7 @@ probe=""; wanted env_frames && { placement & probe=$!; }
 train env_frames $WALL 60 reward=env topology.roles.env_runner.count=$RUNNERS labeler.bus_items=1024
 [ -n "$probe" ] && kill $probe 2> /dev/null
 # the order is the priority when the call runs short (`train` skips a run that no longer fits)
-clip() { RUN_UTD=$CLIP_UTD train "$1" $WALL 120 reward=clip reward.model="$CLIP" topology.roles.env_runner.count=$RUNNERS labeler.bus_items=1024 "${@:2}"; }
+clip() { RUN_UTD=$CLIP_UTD RUN_ENVS=$CLIP_ENVS train "$1" $WALL 120 reward=clip reward.model="$CLIP" topology.roles.env_runner.count=$CLIP_RUNNERS labeler.bus_items=1024 "${@:2}"; }
 judge() { train "$1" $JUDGE_WALL 90 topology.roles.env_runner.count=$JUDGE_RUNNERS labeler.bus_items=256 "${@:2}"; }
 clip clip_bf16 reward.compile=true
 judge judge reward=vlm_judge reward.model=$JUDGE
