@@ -105,15 +105,15 @@ def _start(env: dict, pipe: Path, logs: Path) -> None:
         started = subprocess.run([CONTROL, "-d"], env={**os.environ, **env}, capture_output=True, text=True,
                                  timeout=START_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise ConfigError(f"the MPS daemon did not start ({error})", f"see {logs}, {OFF}") from None
+        raise ConfigError(f"the MPS daemon did not start ({error})", f"{_kept_log(logs)}{OFF}") from None
     deadline = time.monotonic() + START_TIMEOUT_S
     while started.returncode == 0 and not (pipe / "control").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     if started.returncode != 0 or not (pipe / "control").exists():
         said = (started.stderr or started.stdout or "").strip().splitlines()
         reason = said[-1] if said else _last_log_line(logs) or f"exit {started.returncode}, no control pipe"
-        raise ConfigError(f"the MPS daemon did not start: {reason}", f"see {logs} (it needs the GPU driver and may "
-                          f"need root), {OFF}")
+        raise ConfigError(f"the MPS daemon did not start: {reason}", f"{_kept_log(logs)}it needs the GPU driver and "
+                          f"may need root; {OFF}")
 
 
 def _quit(env: dict, pipe: Path) -> bool:
@@ -130,6 +130,18 @@ def _quit(env: dict, pipe: Path) -> bool:
         log.warning("the MPS daemon of %s did not take `quit` (%s); stop it with: echo quit | %s=%s %s",
                     pipe, problem, PIPE_ENV, pipe, CONTROL)
     return problem is None
+
+
+def _kept_log(logs: Path) -> str:
+    """"see <file>; " for a copy of the daemon's log outside the run directory (a run that cannot start is discarded
+    with its directory), or "" when it wrote none."""
+    control_log = logs / "control.log"
+    if not control_log.exists():
+        return ""
+    handle, kept = tempfile.mkstemp(prefix="rlfarm-mps-control-", suffix=".log")
+    os.close(handle)
+    shutil.copyfile(control_log, kept)
+    return f"see {kept}; "
 
 
 def _last_log_line(logs: Path) -> str | None:

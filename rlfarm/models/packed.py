@@ -103,6 +103,9 @@ def packed_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     if query.is_cuda and dtype in (torch.bfloat16, torch.float16):
         return _varlen(module, *(t.to(dtype) for t in (query, key, value)), bounds, kwargs["max_length_q"],
                        scaling), None
+    if query.is_cuda:  # the mask below is N x N over the whole piece (64 rows of 1,280 tokens: 6.7 GB), not B x T x T
+        raise ValueError(f"algo.packed on a GPU needs bfloat16 or float16 (flash varlen attention), this forward is "
+                         f"{str(dtype).removeprefix('torch.')}: set model.dtype=bfloat16 or algo.packed=false")
     rows = torch.repeat_interleave(torch.arange(len(bounds) - 1, device=query.device), bounds.diff().long())
     order = torch.arange(len(rows), device=query.device)
     allowed = (rows[:, None] == rows[None, :]) & (order[None, :] <= order[:, None])  # own row, earlier tokens

@@ -29,6 +29,7 @@ meanwhile); `result` waits for the teacher's labels and queues the student's tra
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import re
 from collections import deque
@@ -45,6 +46,8 @@ from rlfarm.reward_fitting.fit import descend, held_out_metrics
 from rlfarm.rewards.base import OnDevice, Pending, RewardModel, RewardModelError
 from rlfarm.rewards.fitted import FittedReward
 from rlfarm.settings import RangeError, check_ranges
+
+log = logging.getLogger("rlfarm")
 
 DEFAULT_STUDENT = {"_target_": "rlfarm.rewards.fitted.PixelCNN"}
 RECENT_CALLS = 16  # calls the reported teacher fraction and reward means are taken over
@@ -102,7 +105,7 @@ class DistilledReward(RewardModel):
         self.frame_stack = int(getattr(self.teacher, "frame_stack", 1))
         self.student: FittedReward | None = None
         self.warm = False
-        self.frames = self.teacher_labels = self.student_steps = 0
+        self.frames = self.teacher_labels = self.student_steps = self.learn_errors = 0
         self._summary: dict = {}  # replaced whole by the labeling thread; `stats` reads it from another thread
 
     def setup(self, device: str) -> None:
@@ -152,7 +155,7 @@ class DistilledReward(RewardModel):
 
     def stats(self) -> dict:
         return {"distill_warm": self.warm, "distill_frames": self.frames, "distill_teacher_labels": self.teacher_labels,
-                "distill_student_steps": self.student_steps, **self._summary}
+                "distill_student_steps": self.student_steps, "distill_learn_errors": self.learn_errors, **self._summary}
 
     def learn(self, frames: torch.Tensor, labels: np.ndarray, predicted: np.ndarray) -> None:
         """The teacher's labels of `frames` (student-sized, on the device): score the student's earlier guesses,
@@ -238,7 +241,14 @@ class _Distilling(Pending):
             raise FloatingPointError(f"the student returned {int((~np.isfinite(rewards[students])).sum())} NaN/inf "
                                      "rewards; it is cold again")
         chosen = torch.from_numpy(self.chosen).to(self.frames.device)
-        self.model.learn(self.frames[chosen], labels, rewards[self.chosen])
+        try:
+            self.model.learn(self.frames[chosen], labels, rewards[self.chosen])
+        except Exception as error:  # the rewards are whole: a student that failed to learn (an OOM on a shared GPU)
+            # must not fail the call, whose retry would learn and count these labels again; it is cold until it agrees
+            self.model.warm = False
+            self.model.learn_errors += 1
+            log.warning("distilled reward: the student could not learn this bus (%s: %s); it is cold until it agrees "
+                        "again", type(error).__name__, str(error).strip().splitlines()[0] if str(error).strip() else "")
         rewards[self.chosen] = labels
         self.model.finished(len(rewards), self.chosen, labels, rewards)
         return rewards

@@ -141,6 +141,26 @@ def test_a_student_that_returns_nan_goes_cold_and_its_retry_learns_the_call_once
     assert after["distill_teacher_labels"] - before["distill_teacher_labels"] == 64 and model._replay.size == 128
 
 
+def test_a_student_that_cannot_learn_still_returns_the_whole_call_once_and_goes_cold(one_torch_thread, monkeypatch):
+    """Training that raises (an OOM on a shared GPU) comes after the rewards are whole: the call returns them (the
+    labeler has nothing to retry, so nothing is learned or counted twice), and the student is cold until it agrees."""
+    model, rng = distilled(min_teacher_labels=64, warm_agreement=-1.0), np.random.default_rng(0)
+    model({"frames": scenes(64, rng)})
+    assert model.warm
+    before = model.stats()
+
+    def out_of_memory(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory (a stand-in)")
+
+    monkeypatch.setattr(model, "_train", out_of_memory)
+    frames = scenes(64, rng)
+    rewards = model({"frames": frames})
+    assert rewards.shape == (64,) and np.isfinite(rewards).all()
+    after = model.stats()
+    assert not model.warm and after["distill_learn_errors"] == 1
+    assert after["distill_frames"] - before["distill_frames"] == 64  # the call counted once
+
+
 @pytest.mark.parametrize("how, error", [("raise", RuntimeError), ("nan", FloatingPointError)])
 def test_a_failing_teacher_fails_the_call_and_teaches_nothing(one_torch_thread, how, error):
     model = distilled(Broken(how))
