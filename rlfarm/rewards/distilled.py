@@ -154,6 +154,7 @@ class DistilledReward(RewardModel):
         return np.sort(self._rng.choice(n, size=count, replace=False))
 
     def stats(self) -> dict:
+        """This labeler's student since it started (a restarted labeler counts from 0 again, with a new student)."""
         return {"distill_warm": self.warm, "distill_frames": self.frames, "distill_teacher_labels": self.teacher_labels,
                 "distill_student_steps": self.student_steps, "distill_learn_errors": self.learn_errors, **self._summary}
 

@@ -51,7 +51,7 @@ class Labeler:
         self.index = index
         self.device = assigned_device()
         self.stages = StageClock("gather", "launch", "upload", "upload_wait", "model", "send", "idle")
-        self.model = instantiate(reward_cfg)
+        self.model = instantiate(_own_seed(reward_cfg, index))
         self.model.stages = self.stages  # the model may time parts of its own start (rlfarm/rewards/staging.py)
         self.model.setup(self.device)
         self.bus = Bus(bus_items, bus_timeout_s)
@@ -142,7 +142,7 @@ class Labeler:
         with self.stages.timing("model"):
             rewards = self._result(items, pending)
         if rewards is None:
-            self._label_one_by_one(items)
+            self.stages.timed("model", self._label_one_by_one, items)  # retries count as model time
             self._call_ended(started)
             return
         self._call_ended(started)
@@ -232,6 +232,12 @@ class Labeler:
                 "labeling_lag_s": lag, "queued": len(self.bus), "device": self.device,
                 "quarantined": self.quarantined, "retries": self.retries, "last_error": self.last_error,
                 "reward_model": self.model.stats() if hasattr(self.model, "stats") else {}}  # e.g. a distilled reward's
+
+
+def _own_seed(reward_cfg: dict, index: int) -> dict:
+    """A reward model that draws random numbers (`seed`: a distilled reward's teacher share and student) gets a seed of
+    its own per labeler, so two labelers do not pick the same frames of every bus and start the same student."""
+    return {**reward_cfg, "seed": int(reward_cfg["seed"]) + index} if reward_cfg.get("seed") is not None else reward_cfg
 
 
 class _Failed(Pending):

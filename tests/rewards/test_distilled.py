@@ -251,3 +251,11 @@ def test_the_student_learns_and_labels_on_cuda():
     assert model.warm and model.student.target_mean.is_cuda, model.stats()
     frames = scenes(64, rng)
     assert np.abs(model({"frames": frames}) - teacher({"frames": frames})).mean() < 0.1
+
+
+def test_each_labeler_seeds_its_reward_model_apart():
+    """Two labelers of one run must not pick the same frames of every bus, nor start the same student."""
+    from rlfarm.roles.labeler import _own_seed
+
+    assert _own_seed({"seed": 7, "teacher_fraction": 0.1}, 2) == {"seed": 9, "teacher_fraction": 0.1}
+    assert _own_seed({"model": "x"}, 2) == {"model": "x"} and _own_seed({"seed": None}, 1) == {"seed": None}
