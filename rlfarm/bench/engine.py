@@ -16,7 +16,8 @@ so a gap to the target can be read as prefill or decode.
 `shape` (a conf/model name, e.g. qwen2_5_7b_shape) replaces `sizes.model` with that file's config, vocabulary
 included. `sizes.long_tail` adds the long-tail cases — continuous refill against the fixed batch in useful
 tokens/s, and the decode step against the HBM bound (`rlfarm.bench.engine_long_tail`) — and `profile=true`
-writes a kernel table of the decode step to <run dir>/decode_profile.txt (`rlfarm.bench.engine_profile`).
+writes a kernel table of the decode step to <run dir>/decode_profile.txt (`rlfarm.bench.engine_profile`);
+`unfused_step=true` adds the decode step with a GEMM per projection beside the engine's fused q/k/v and gate/up.
 `sizes.batches=[]` skips the throughput cases (the long-tail ones alone).
 """
 from __future__ import annotations
@@ -94,7 +95,8 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
     long_tail = size.get("long_tail")
     if long_tail is not None:
         profile_steps = int(cfg.profile_steps) if cfg.get("profile") else 0
-        for row in run_long_tail(model, long_tail, device, int(cfg.seed), vocab, profile_steps):
+        for row in run_long_tail(model, long_tail, device, int(cfg.seed), vocab, profile_steps,
+                                 bool(cfg.get("unfused_step", False))):
             add(row)
     gc.collect()
     return rows

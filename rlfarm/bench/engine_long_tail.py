@@ -14,9 +14,12 @@ over the wall time of the whole call (prefills included). Both make the same sam
 tokens are equal and the ratio is one of times. `useful_frac` = useful tokens / (decode steps × slots).
 
 Decode step: the fixed batch at `slots` rows, every row to the cap (no lengths), decode ms/step = (time of the
-call − time of a one-token call) / (cap − 1), measured twice in the same run: attending to context buckets
+call − time of a one-token call) / (cap − 1), measured in the same run attending to context buckets
 (`context_step` columns apart: the engine's default) and to the whole allocated row (`decode step bN whole row`,
-its baseline: the engine before them). Beside each, the floors of that step (`rlfarm.bench.engine_roofline`):
+its baseline: the engine before them), and with `unfused_step` the default step with a GEMM per projection
+(`decode step bN unfused`: q, k, v, gate and up each their own, as before `rlfarm.engines.fused_projections`;
+the first row's `vs_unfused` = unfused ms / its ms). Beside each, the floors of that step
+(`rlfarm.bench.engine_roofline`):
 `hbm_bound_ms` (weights + KV cache at the mean context P + cap/2 over the card's bandwidth), `compute_bound_ms`
 (its matrix FLOPs over the card's dense bf16 peak), `roofline_ms` = the larger, `serial_bound_ms` (GEMMs, then
 attention, each at its own limit); `of_hbm_bound` = HBM bound / measured (the issue's target: ≥ 0.6 at 7B, b256)
@@ -39,7 +42,7 @@ from rlfarm.engines.synthetic_lengths import synthetic_lengths
 
 log = logging.getLogger("rlfarm")
 FIXED, REFILL, STEP = "long-tail fixed batch", "long-tail refill", "decode step"
-WHOLE_ROW, MATMUL = "whole row", "matmul attention"
+WHOLE_ROW, MATMUL, UNFUSED = "whole row", "matmul attention", "unfused"
 
 
 def timed(work, device: str) -> tuple[float, object]:
@@ -51,9 +54,10 @@ def timed(work, device: str) -> tuple[float, object]:
 
 
 def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: int, vocab: int,
-                  profile_steps: int = 0) -> list[dict]:
-    """The two long-tail rows (refill's baseline: the fixed batch) and the decode-step row (with `profile_steps`
-    > 0: its kernel profile, `rlfarm.bench.engine_profile`)."""
+                  profile_steps: int = 0, unfused_step: bool = False) -> list[dict]:
+    """The two long-tail rows (refill's baseline: the fixed batch) and the decode-step rows (with `profile_steps`
+    > 0: the kernel profile of the first, `rlfarm.bench.engine_profile`; with `unfused_step`: one with the
+    projections unfused)."""
     slots, prompts, prompt_len, cap = int(cfg.slots), int(cfg.prompts), int(cfg.prompt_len), int(cfg.cap)
     n = int(cfg.get("samples_per_prompt", 1))
     lengths = synthetic_lengths(cfg.lengths)
@@ -88,20 +92,26 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
         log.info("%s: %.0f useful tok/s (%d decode steps)", case, useful / seconds, calls.decode_steps)
     engine.refill, engine.lengths = False, None  # every row to the cap: the decode step at full batch
     step, buckets_on = f"{STEP} b{slots}", engine._static.context_step
-    steps = ([(step, buckets_on, "auto")] + ([(f"{step} {MATMUL}", buckets_on, "matmul")] if kernel else [])
-             + [(f"{step} {WHOLE_ROW}", None, "matmul")])
-    step_rows, batch = [], (ids * -(-slots // len(ids)))[:slots]  # a full batch of prompts, repeated if few
-    for case, context_step, attention in steps:
+    # (case, context step, attention, fused projections); the engine's default first, its whole-row baseline last
+    steps = ([(step, buckets_on, "auto", True)]
+             + ([(f"{step} {MATMUL}", buckets_on, "matmul", True)] if kernel else [])
+             + ([(f"{step} {UNFUSED}", buckets_on, "auto", False)] if unfused_step else [])
+             + [(f"{step} {WHOLE_ROW}", None, "matmul", True)])
+    step_rows, batch = {}, (ids * -(-slots // len(ids)))[:slots]  # a full batch of prompts, repeated if few
+    for case, context_step, attention, fused in steps:
         engine._static.context_step, engine._static.attention = context_step, attention
-        step_rows.append(decode_step_row(engine, model, cfg, device, batch, case))
-    first, whole = step_rows[0], step_rows[-1]
+        engine._static.projections.switch(fused)  # a graph per path: the fused one's are kept for the rows after
+        step_rows[case] = decode_step_row(engine, model, cfg, device, batch, case)
+    first, whole = step_rows[step], step_rows[f"{step} {WHOLE_ROW}"]
     first |= {"baseline": whole["case"], "speedup": round(whole["value"] / first["value"], 3)}
-    if kernel:
-        first["vs_matmul"] = round(step_rows[1]["value"] / first["value"], 3)
+    for name, key in ((MATMUL, "vs_matmul"), (UNFUSED, "vs_unfused")):
+        if f"{step} {name}" in step_rows:
+            first[key] = round(step_rows[f"{step} {name}"]["value"] / first["value"], 3)
     engine._static.context_step, engine._static.attention = buckets_on, "auto"
+    engine._static.projections.switch(True)
     if profile_steps:
         first |= profile_decode_step(engine, slots, prompt_len, cap, device, profile_steps)
-    return rows + step_rows
+    return rows + list(step_rows.values())
 
 
 def decode_step_row(engine: HFEngine, model: torch.nn.Module, cfg: DictConfig, device: str,
@@ -121,7 +131,7 @@ def decode_step_row(engine: HFEngine, model: torch.nn.Module, cfg: DictConfig, d
            "cap": cap, "attended_columns": round(attended, 1), "weights_gb": round(cost["weight_bytes"] / 1e9, 2),
            "kv_gb": round(cost["kv_bytes"] / 1e9, 2),
            "tflop": round((cost["gemm_flops"] + cost["attention_flops"]) / 1e12, 3), "hbm_tb_s": tb_s,
-           "peak_tflops": tflops}
+           "peak_tflops": tflops, "fused_projections": engine._static.projections.fuse}
     floors = bounds(cost, tb_s, tflops)
     row |= {name: round(ms, 3) for name, ms in floors.items()}
     if "hbm_bound_ms" in floors:

@@ -83,6 +83,24 @@ class DecodeState:
         self.finished.index_fill_(0, src, True)
 
 
+def shrink(state: DecodeState, holder: list, started: list, sizes: list[int]) -> None:
+    """No sample left to queue: move the running ones to the lowest slots so a smaller bucket holds them. holder:
+    slot → the sample it holds (None: free), started: slot → the decode steps run when its sample started (both the
+    decoder's, updated here)."""
+    active = [slot for slot, sample in enumerate(holder) if sample is not None]
+    if not active:
+        return
+    size = min(size for size in sizes if size >= len(active))
+    movers = [slot for slot in active if slot >= size]
+    if not movers:
+        return
+    free = [slot for slot in range(size) if holder[slot] is None][:len(movers)]
+    state.move(movers, free)
+    for source, target in zip(movers, free):
+        holder[target], started[target] = holder[source], started[source]
+        holder[source] = None
+
+
 def _prefix(value, bucket: int):
     return [t[:bucket] for t in value] if isinstance(value, list) else value[:bucket]
 

@@ -1,8 +1,11 @@
 """The attention pieces of the static decoder (`rlfarm.engines.static_decoder`) for Llama-family layers: rotary
 embedding as the family applies it, the query/key/value projections of a layer (its own modules, LoRA adapters
-included), and one query token per row attending to a whole slot-major cache row, grouped-query without copying
-the cache. Pure functions of tensors and the layer's modules, so torch.compile traces them into the decode step."""
+included, or one fused GEMM over their weights), and one query token per row attending to a whole slot-major cache
+row, grouped-query without copying the cache. Pure functions of tensors and the layer's modules, so torch.compile
+traces them into the decode step."""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -26,13 +29,18 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x[:, :, None].expand(batch, heads, groups, length, dim).reshape(batch, heads * groups, length, dim)
 
 
-def project(attention: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int
+def project(attention: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int,
+            fused: Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [B, L, H] → rotated query [B, heads, L, D], rotated key and value [B, kv_heads, L, D]."""
+    """x [B, L, H] → rotated query [B, heads, L, D], rotated key and value [B, kv_heads, L, D]. fused: the three
+    projections as one GEMM over the modules' weights (`rlfarm.engines.fused_projections`), else each module's own."""
     batch, length, _ = x.shape
-    query = attention.q_proj(x).view(batch, length, -1, head_dim)
-    key = attention.k_proj(x).view(batch, length, -1, head_dim)
-    value = attention.v_proj(x).view(batch, length, -1, head_dim)
+    query, key, value = fused(x) if fused is not None else (attention.q_proj(x), attention.k_proj(x),
+                                                             attention.v_proj(x))
+    # a fused GEMM's parts are column slices: each splits its last dim into heads as a view all the same
+    query = query.view(batch, length, -1, head_dim)
+    key = key.view(batch, length, -1, head_dim)
+    value = value.view(batch, length, -1, head_dim)
     if hasattr(attention, "q_norm"):  # qwen3 normalizes each head's query and key
         query, key = attention.q_norm(query), attention.k_norm(key)
     query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)

@@ -3,10 +3,11 @@ our own over it, continuous refill, and on CUDA the whole decode step — sample
 captured in a CUDA graph per active-batch bucket, so a step costs one graph launch.
 
 Only the attention core and the cache are ours. Norms, projections (with their LoRA adapters when peft
-wrapped them), MLPs, the rotary table and the LM head are the model's own modules, called as they are:
-the weights the learner trains are the weights that run here, `update_weights` copies into them in place
-(a captured graph reads the same memory, so it needs no re-capture), and the log-probabilities follow the
-convention of `rlfarm.data` exactly.
+wrapped them), MLPs, the rotary table and the LM head are the model's own modules and weights (q/k/v, and the MLP's
+gate/up, run as one GEMM over a buffer whose row blocks are the modules' parameters: `fuse_projections`,
+`rlfarm.engines.fused_projections`): the weights the learner trains are the weights that run here, `update_weights`
+copies into them in place (a captured graph reads the same memory, so it needs no re-capture), and the
+log-probabilities follow the convention of `rlfarm.data` exactly.
 
 Slots and refill. A call's samples (n per prompt, prompt-major) queue for `slots` batch rows. With `refill`, a
 row whose sample ended (its end token, the cap, or a synthetic length: `rlfarm.engines.synthetic_lengths`)
@@ -42,7 +43,8 @@ from rlfarm.engines.decode_attention import available as row_kernel_available, w
 from rlfarm.engines.base import hits_stop
 from rlfarm.engines.buckets import CACHE_ROUNDING, CONTEXT_STEP, buckets, contexts
 from rlfarm.engines.decode_state import DecodeState
-from rlfarm.engines.llama_attention import attend_cache, project, repeat_kv
+from rlfarm.engines.fused_projections import Projections
+from rlfarm.engines.llama_attention import attend_cache, repeat_kv
 from rlfarm.engines.noise import race_noise
 from rlfarm.engines.sampling import sample_tokens
 from rlfarm.engines.synthetic_lengths import SyntheticLengths
@@ -91,7 +93,8 @@ class StaticDecoder:
     on CPU."""
 
     def __init__(self, model: nn.Module, pad_id: int, cuda_graphs: bool = True, compile: bool = False,
-                 max_cached_shapes: int = 3, context_step: int | None = CONTEXT_STEP, attention: str = "auto"):
+                 max_cached_shapes: int = 3, context_step: int | None = CONTEXT_STEP, attention: str = "auto",
+                 fuse_projections: bool = True):
         if not supports(model):
             raise ValueError(f"StaticDecoder runs {SUPPORTED_MODEL_TYPES} models with full attention")
         self.model, self.pad_id = model, pad_id
@@ -108,6 +111,7 @@ class StaticDecoder:
         if attention not in ("auto", "rows", "matmul"):
             raise ValueError(f"attention must be auto, rows or matmul, not {attention!r}")
         self.attention = attention
+        self.projections = Projections(self.layers, self.head_dim, fuse_projections)  # q/k/v, gate/up: a GEMM each
         self.states: OrderedDict[tuple[int, int], DecodeState] = OrderedDict()
         self.last_call: Calls | None = None
         # compile fuses the many small kernels of a step (norms, rotary, noise, sampling) before graph capture;
@@ -127,8 +131,9 @@ class StaticDecoder:
         return auto or self.attention == "rows"
 
     def release(self) -> None:
-        """Drop caches and graphs (they point at memory that `sleep` gives back)."""
+        """Drop caches, graphs and fused buffers (they point at memory that `sleep` gives back)."""
         self.states.clear()
+        self.projections.release()
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, n: int, max_new_tokens: int,
@@ -207,7 +212,7 @@ class StaticDecoder:
             if ended:
                 fill([slot for slot in range(slots) if holder[slot] is None])
             if refill and queue == samples:
-                self._shrink(state, holder, started, sizes)
+                decode_state.shrink(state, holder, started, sizes)
         self.last_call = Calls(decoded, prefills, slots, smallest, attended / max(decoded, 1))
         width = max(int(out[2].sum(dim=1).max()), 1)
         return tuple(tensor[:, :width] for tensor in out)
@@ -220,6 +225,8 @@ class StaticDecoder:
         capture out of a timed or latency-bound call. ragged: samples may end at different steps (an end token
         or synthetic lengths); else they end together and one bucket serves. Returns (state, buckets, steps), steps
         keyed by (batch bucket, context bucket)."""
+        if self.projections.refresh():  # the weights got new storage (a wake): graphs read the old fused buffers
+            self.states.clear()
         slots = min(max_batch or samples, samples)
         state = self._state(slots, prompt_len + max_new_tokens)
         sizes = buckets(slots) if refill and ragged else [slots]
@@ -233,22 +240,6 @@ class StaticDecoder:
         dst = torch.tensor(samples, device=self.device)
         for target, source in zip(out, (state.tokens, state.logprobs, state.generated, state.versions)):
             target.index_copy_(0, dst, source.index_select(0, src)[:, :width])
-
-    @staticmethod
-    def _shrink(state: DecodeState, holder: list, started: list, sizes: list[int]) -> None:
-        """No sample left to queue: move the running ones to the lowest slots so a smaller bucket holds them."""
-        active = [slot for slot, sample in enumerate(holder) if sample is not None]
-        if not active:
-            return
-        size = min(size for size in sizes if size >= len(active))
-        movers = [slot for slot in active if slot >= size]
-        if not movers:
-            return
-        free = [slot for slot in range(size) if holder[slot] is None][:len(movers)]
-        state.move(movers, free)
-        for source, target in zip(movers, free):
-            holder[target], started[target] = holder[source], started[source]
-            holder[source] = None
 
     # -- one decode step -------------------------------------------------------------------------------
     @torch.no_grad()  # it writes into views of the cache, which autograd forbids outside no_grad
@@ -293,7 +284,7 @@ class StaticDecoder:
         hidden = self.base.model.embed_tokens(state.next_input.unsqueeze(1))  # [B, 1, H]
         for i, layer in enumerate(self.layers):
             attention = layer.self_attn
-            query, key, value = project(attention, layer.input_layernorm(hidden), cos, sin, self.head_dim)
+            query, key, value = self.projections.attention(i, layer.input_layernorm(hidden), cos, sin)
             if row_kernel:  # each row reads up to its newest column
                 attended = write_and_attend(state.keys[i], state.values[i], key[:, :, 0], value[:, :, 0], query,
                                             state.key_valid, state.column, self.groups, float(self.scaling))
@@ -302,7 +293,7 @@ class StaticDecoder:
                 state.values[i][rows, :, state.column] = value[:, :, 0]
                 attended = attend_cache(query, state.keys[i], state.values[i], visible, self.groups, self.scaling)
             hidden = hidden + attention.o_proj(attended)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = hidden + self.projections.mlp(i, layer.post_attention_layernorm(hidden))
         state.logits.copy_(self.base.lm_head(self.base.model.norm(hidden))[:, -1])
         state.logits_version.copy_(state.version.expand(batch))
         state.position.add_(1)  # an ended row keeps stepping (its output is not read); clamped at the next step
@@ -329,14 +320,14 @@ class StaticDecoder:
         hidden = self.base.model.embed_tokens(ids_)
         for i, layer in enumerate(self.layers):
             attention = layer.self_attn
-            query, key, value = project(attention, layer.input_layernorm(hidden), cos, sin, self.head_dim)
+            query, key, value = self.projections.attention(i, layer.input_layernorm(hidden), cos, sin)
             for cache, written in ((state.keys[i], key), (state.values[i], value)):
                 cache[rows, :, :prompt_len] = written.repeat_interleave(counts, dim=0)
                 cache[rows, :, prompt_len:] = 0
             out = F.scaled_dot_product_attention(query, repeat_kv(key, self.groups), repeat_kv(value, self.groups),
                                                  attn_mask=allowed, scale=self.scaling)
             hidden = hidden + attention.o_proj(out.transpose(1, 2).reshape(len(distinct), prompt_len, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = hidden + self.projections.mlp(i, layer.post_attention_layernorm(hidden))
         last = self.base.lm_head(self.base.model.norm(hidden[:, -1:]))[:, -1]
         taken = torch.tensor(samples, device=self.device)
         state.logits[rows] = last.repeat_interleave(counts, dim=0)
@@ -380,7 +371,7 @@ class StaticDecoder:
             decode_state.mark_dynamic(state)
         if not (self.cuda_graphs and self.device.type == "cuda"):
             return lambda: self._step(state, sampling)
-        key = (size, context, sampling, self.row_kernel)
+        key = (size, context, sampling, self.row_kernel, self.projections.fuse)
         if key not in root.graphs:
             # warm up on a side stream first (compiles, and lets cuBLAS and the allocator settle); the state's
             # contents are garbage afterwards, which is why every bucket is captured before a call fills a slot

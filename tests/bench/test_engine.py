@@ -18,7 +18,8 @@ def test_bench_engine_on_cpu_writes_each_batch_next_to_hf_generate_and_the_long_
     rows = {row["case"]: row for row in result["rows"]}
     assert result["bench"] == "engine" and result["device_name"].startswith("cpu")
     assert set(rows) == {"hf generate b2", "rlfarm engine b2", "hf generate b8", "rlfarm engine b8",
-                         "long-tail fixed batch", "long-tail refill", "decode step b4", "decode step b4 whole row"}
+                         "long-tail fixed batch", "long-tail refill", "decode step b4", "decode step b4 unfused",
+                         "decode step b4 whole row"}
     for batch in (2, 8):
         ours = rows[f"rlfarm engine b{batch}"]
         assert ours["baseline"] == f"hf generate b{batch}" and ours["unit"] == "tok/s"
@@ -33,7 +34,12 @@ def test_bench_engine_on_cpu_writes_each_batch_next_to_hf_generate_and_the_long_
     step, whole = rows["decode step b4"], rows["decode step b4 whole row"]
     assert step["unit"] == "ms/step" and step["value"] > 0 and step["hbm_tb_s"] == 0.05
     assert step["baseline"] == "decode step b4 whole row" and step["attended_columns"] < whole["attended_columns"]
-    for row in (step, whole):
+    # beside the engine's fused q/k/v and gate/up (bench.unfused_step): the same step with a GEMM per projection
+    unfused = rows["decode step b4 unfused"]
+    assert step["fused_projections"] and not unfused["fused_projections"] and whole["fused_projections"]
+    assert step["vs_unfused"] == pytest.approx(unfused["value"] / step["value"], rel=0.01, abs=1e-3)
+    assert unfused["attended_columns"] == step["attended_columns"]
+    for row in (step, unfused, whole):
         assert row["of_hbm_bound"] == pytest.approx(row["hbm_bound_ms"] / row["value"], rel=0.01, abs=1e-3)
         assert row["roofline_ms"] == max(row["hbm_bound_ms"], row["compute_bound_ms"]) <= row["serial_bound_ms"]
         assert row["of_roofline"] == pytest.approx(row["roofline_ms"] / row["value"], rel=0.01, abs=1e-3)
