@@ -67,13 +67,14 @@ def shard_model(model: nn.Module, compute_dtype: torch.dtype = torch.float32) ->
     ended: a whole bf16 copy of the model (15 GB at 7B) on top of the shards, and twice the gather's bytes."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from rlfarm.models.lm import decoder_blocks
+
     precision = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) \
         if compute_dtype != torch.float32 else MixedPrecisionPolicy()
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    blocks = set(getattr(base, "_no_split_modules", None) or [])
-    for module in model.modules():
-        if type(module).__name__ in blocks:
-            fully_shard(module, mp_policy=precision)
+    for block in decoder_blocks(model):
+        if "forward" in vars(block):  # its compiled forward is bound to the class it has before `fully_shard`
+            raise RuntimeError("compile the decoder blocks after shard_model (rlfarm.models.compiled)")
+        fully_shard(block, mp_policy=precision)
     fully_shard(model, mp_policy=precision)
     return model
 

@@ -165,6 +165,7 @@ class GRPOSchema(GroupPolicySchema):
     micro_batch_tokens: Optional[int]
     packed: bool
     activation_checkpointing: bool
+    compile_layers: bool
     data_parallel: DataParallel
     weight_sync: WeightSync
     target_reward: Optional[float]

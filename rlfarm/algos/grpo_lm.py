@@ -22,6 +22,7 @@ from rlfarm.algos.micro_batches import padded_pieces, piece_rows, row_spans, tok
 from rlfarm.algos.ppo import approx_kl, clip_fraction, masked_mean
 from rlfarm.data import Rollout
 from rlfarm.data_parallel import full_value, gradient_sync
+from rlfarm.models.compiled import compile_layers
 from rlfarm.models.lm import autocast_to, sequence_logprobs
 from rlfarm.models.packed import packed_logprobs
 from rlfarm.settings import check_ranges
@@ -61,6 +62,7 @@ class GRPOConfig:
     packed: bool = False          # each piece's rows' real tokens as one sequence, no padding computed, the budget
                                   # counting those (`rlfarm.models.packed`)
     activation_checkpointing: bool = False  # recompute each decoder block's activations in the backward pass
+    compile_layers: bool = False  # decoder blocks torch.compiled at the first update (`rlfarm.models.compiled`)
     data_parallel: str = "ddp"    # a learner of > 1 GPUs: ddp (whole model per rank) | fsdp (weights, grads, AdamW sharded)
     advantage: str = "grpo"       # grpo: group-normalized rewards | gae: a critic and token-level GAE (algo=ppo_lm)
     gamma: float = 1.0            # gae only: discount over response tokens
@@ -93,8 +95,11 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, rollout: R
       whole rollout, uses rank 0's permutation and takes its shard of each minibatch; its loss is multiplied by
       N (the gradients are averaged over the ranks), and the metrics are summed over the ranks.
     compute_dtype other than float32: the forward passes run under autocast to it (weights, gradients and
-    optimizer state stay fp32)."""
+    optimizer state stay fp32). `cfg.compile_layers`: the model's decoder blocks are compiled in place at the first
+    call (once; after DDP / FSDP wrapped it, as `rlfarm.models.compiled` needs), the reference model stays eager."""
     device = next(model.parameters()).device
+    if cfg.compile_layers:
+        compile_layers(model, device)
     module = getattr(model, "module", model)  # under DDP: clip the wrapped module's gradients
     input_ids, attention_mask = rollout.input_ids().to(device), rollout.attention_mask().to(device)
     response_mask, engine_logprobs = rollout.response_mask.to(device), rollout.logprobs.to(device)

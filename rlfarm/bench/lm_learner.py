@@ -8,7 +8,11 @@ Rows:
 - `lm update (tokens)`, where `micro_batch_tokens` is set: pieces of at most that many tokens, rows sorted by length
   and each piece cut to its own columns (`rlfarm.algos.micro_batches.token_pieces`), on the same step;
 - `lm update (packed)`, where `micro_batch_tokens` is set: the same, each piece's rows' real tokens packed into one
-  sequence (`algo.packed`, `rlfarm.models.packed`: no padding computed, flash varlen attention on CUDA).
+  sequence (`algo.packed`, `rlfarm.models.packed`: no padding computed, flash varlen attention on CUDA);
+- `lm update (packed, compiled)`, where `compile_layers` is set too: the same, each decoder block torch.compiled
+  (`algo.compile_layers`, `rlfarm.models.compiled`: inductor on CUDA, aot_eager on CPU). It runs last (the blocks
+  stay compiled); `compile_s` is its untimed first update less a timed one (the compilation, apart from the timing),
+  `compiles` the graphs dynamo compiled in all its updates (one per entry: a recompile per piece would show here).
 Each update row: model TFLOP/s (6·N·T over the real tokens, `rlfarm.algos.model_flops`; padding and the loss's own
 work are what it loses), `ratio` = that over the matmul's, `mfu` over the card's dense bf16 peak (`rlfarm.cards`),
 tokens/s, and on CUDA `peak_gib` (the update's peak memory) beside `estimate_gib`, the learner's estimate from
@@ -58,7 +62,10 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
         forms["tokens"] = dataclasses.replace(algo, micro_batch_size=None,
                                               micro_batch_tokens=int(size.micro_batch_tokens))
         forms["packed"] = dataclasses.replace(forms["tokens"], packed=True)
+        if size.get("compile_layers"):
+            forms["packed, compiled"] = dataclasses.replace(forms["packed"], compile_layers=True)
     for form, settings in forms.items():
+        graphs = compiled_graphs()
         seconds, measured = timed_update(model, optimizer, rollout, advantages, settings, dtype, int(size.repeats))
         micro_tokens = (settings.micro_batch_tokens or settings.micro_batch_size * (prompt_len + cap))
         estimate = learner_bytes(lm_shape(shape), ranks=1, fsdp=False, tokens=micro_tokens, recompute=recompute)
@@ -67,10 +74,12 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
                "baseline": out[0]["case"], "mfu": measured["mfu"], "tokens_per_s": round(tokens / seconds),
                "update_s": round(seconds, 4), "rows": rows, "micro_batch_size": settings.micro_batch_size,
                "micro_batch_tokens": settings.micro_batch_tokens, "packed": settings.packed,
-               "activation_checkpointing": recompute,
+               "activation_checkpointing": recompute, "compile_layers": settings.compile_layers,
                "real_tokens": tokens, "padded_tokens": rows * (prompt_len + cap),
                "peak_gib": None if measured["learner_peak_gib"] is None else round(measured["learner_peak_gib"], 2),
                "estimate_gib": round(sum(estimate.values()) / GIB, 2)}
+        if settings.compile_layers:
+            row |= {"compile_s": round(measured["warmup_s"] - seconds, 3), "compiles": compiled_graphs() - graphs}
         log.info("%s: %.3g TFLOP/s of model FLOPs (%s), %.2f s an update, peak %s GiB (estimate %s)", row["case"],
                  row["value"], "MFU n/a" if row["mfu"] is None else f"MFU {100 * row['mfu']:.1f} %", seconds,
                  row["peak_gib"], row["estimate_gib"])
@@ -81,7 +90,8 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
 def timed_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rollout: Rollout,
                  advantages: torch.Tensor, algo: GRPOConfig, dtype: torch.dtype, repeats: int) -> tuple[float, dict]:
     """The median of `repeats` updates' seconds (after one untimed: the allocator, cuBLAS and autocast's caches
-    settle), and the model FLOPs, MFU and peak memory of the timed ones."""
+    settle, compiled blocks compile), and the model FLOPs, MFU and peak memory of the timed ones, and the untimed
+    update's seconds (`warmup_s`)."""
     device = algo.device
 
     def update() -> float:
@@ -91,10 +101,17 @@ def timed_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rollo
         synchronize(device)
         return time.perf_counter() - started
 
-    update()
+    warmup = update()
     measured_peak_gib(device)  # reads and resets the peak: `figures.of` below reads the timed updates' own
     seconds = sorted(update() for _ in range(repeats))[repeats // 2]
-    return seconds, UpdateFigures(model, device).of(int(rollout.attention_mask().sum()), seconds)
+    return seconds, UpdateFigures(model, device).of(int(rollout.attention_mask().sum()), seconds) | {"warmup_s": warmup}
+
+
+def compiled_graphs() -> int:
+    """The graphs torch.compile has compiled in this process so far (dynamo's count)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def synthetic_step(rows: int, prompt_len: int, cap: int, vocab: int, seed: int, device: str) -> Rollout:

@@ -180,6 +180,14 @@ def base_model(model: nn.Module) -> nn.Module:
     return base.get_base_model() if hasattr(base, "get_base_model") else base
 
 
+def decoder_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated transformer blocks: the modules of the classes it names in `_no_split_modules` (e.g.
+    Qwen2DecoderLayer), through DDP and peft wrappers, and by class ancestry (FSDP2 makes each sharded block an
+    instance of a subclass of its own, FSDPQwen2DecoderLayer)."""
+    names = set(getattr(base_model(model), "_no_split_modules", None) or [])
+    return [module for module in model.modules() if any(cls.__name__ in names for cls in type(module).__mro__)]
+
+
 def chunked_head_logprobs(head: nn.Linear, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,
                           rows: int) -> torch.Tensor:
     """`token_logprobs(head(hidden), tokens)` for hidden [B, T, H], tokens [B, T], `rows` tokens at a time:

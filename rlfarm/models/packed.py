@@ -33,6 +33,11 @@ from torch import nn
 from rlfarm.models.lm import base_model, scored_tokens
 
 PACKED = "rlfarm_packed"  # the attention implementation's name in transformers' registry
+try:  # flash attention over packed rows (torch >= 2.10; CUDA only); a custom op with a fake impl, so it compiles
+    from torch.nn.attention.varlen import varlen_attn
+    VARLEN_ARGUMENTS = frozenset(inspect.signature(varlen_attn).parameters)
+except ImportError:
+    varlen_attn, VARLEN_ARGUMENTS = None, frozenset()
 
 
 def packed_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_start: int,
@@ -106,7 +111,8 @@ def packed_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     if query.is_cuda:  # the mask below is N x N over the whole piece (64 rows of 1,280 tokens: 6.7 GB), not B x T x T
         raise ValueError(f"algo.packed on a GPU needs bfloat16 or float16 (flash varlen attention), this forward is "
                          f"{str(dtype).removeprefix('torch.')}: set model.dtype=bfloat16 or algo.packed=false")
-    rows = torch.repeat_interleave(torch.arange(len(bounds) - 1, device=query.device), bounds.diff().long())
+    rows = torch.repeat_interleave(torch.arange(len(bounds) - 1, device=query.device), bounds.diff().long(),
+                                   output_size=query.shape[2])  # known: no data-dependent shape (torch.compile)
     order = torch.arange(len(rows), device=query.device)
     allowed = (rows[:, None] == rows[None, :]) & (order[None, :] <= order[:, None])  # own row, earlier tokens
     return sdpa(module, query, key, value, allowed[None, None], dropout=dropout, scaling=scaling, is_causal=False,
@@ -117,13 +123,12 @@ def _varlen(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: to
             longest: int, scaling: float | None) -> torch.Tensor:
     """Flash attention over the packed rows: [1, H, N, D] in → [1, N, H, D] out. torch's `varlen_attn` changed its
     arguments between versions (2.10: `is_causal`; later: `window_size=(-1, 0)`, `scale`, `enable_gqa`): each is
-    used where this torch has it, and grouped K/V heads are repeated where it has no `enable_gqa`."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError as error:
+    used where this torch has it, and grouped K/V heads are repeated where it has no `enable_gqa`. Its signature is
+    read at import, not here: a compiled block (`algo.compile_layers`) traces this function into its graph."""
+    if varlen_attn is None:
         raise RuntimeError(f"algo.packed needs torch.nn.attention.varlen (torch >= 2.10) on CUDA; this torch is "
-                           f"{torch.__version__}: set algo.packed=false") from error
-    accepts = inspect.signature(varlen_attn).parameters
+                           f"{torch.__version__}: set algo.packed=false")
+    accepts = VARLEN_ARGUMENTS
     query, key, value = (t[0].transpose(0, 1) for t in (query, key, value))  # [N, heads, D]
     options = {"window_size": (-1, 0)} if "window_size" in accepts else {"is_causal": True}
     groups = query.shape[1] // key.shape[1]

@@ -118,16 +118,23 @@ def test_a_packed_update_without_a_token_budget_equals_the_padded_one(one_torch_
     computed. (With `micro_batch_tokens` the pieces are cut by real tokens: tests/algos/test_micro_batches.py.)"""
     cfg = GRPOConfig(prompts_per_step=4, group_size=4, minibatches=2, seed=0, micro_batch_size=micro_batch_size,
                      kl_coef=0.05)
+    _updates_agree(cfg, packed=True)
+
+
+def _updates_agree(cfg: GRPOConfig, **changes) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    """One update of a fresh policy (`_digit_rollout`) under `cfg`, one of a copy under `cfg` with `changes`: the
+    same loss, metrics and weights (SGD, lr 1). Returns (the policy before, updated under cfg, under the changes)."""
     model, rollout, advantages = _digit_rollout(cfg)
     results, policies = [], [copy.deepcopy(model) for _ in range(2)]
-    for policy, packed in zip(policies, (False, True)):
+    for policy, settings in zip(policies, (cfg, dataclasses.replace(cfg, **changes))):
         torch.manual_seed(1)  # the same minibatch permutation
         results.append(update_policy(policy, torch.optim.SGD(policy.parameters(), lr=1.0), rollout, advantages,
-                                     dataclasses.replace(cfg, packed=packed), ref_model=copy.deepcopy(model)))
+                                     settings, ref_model=copy.deepcopy(model)))
     for key, expected in results[0].items():
         assert results[1][key] == pytest.approx(expected, rel=1e-5, abs=1e-6), key
     for (name, a), b in zip(policies[0].named_parameters(), policies[1].parameters()):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=name)
+    return model, *policies
 
 
 def test_packed_is_a_learner_option_off_by_default_and_on_in_the_speed_runs():
@@ -141,3 +148,30 @@ def test_packed_is_a_learner_option_off_by_default_and_on_in_the_speed_runs():
         assert compose("train", [f"experiment={experiment}"]).algo.packed is True
     with pytest.raises(ConfigError, match="packed"):
         compose("train", ["experiment=grpo_digits", "algo.packed=sometimes"])
+
+
+def test_an_update_with_compiled_blocks_equals_the_eager_one(one_torch_thread):
+    """`algo.compile_layers`: `update_policy` compiles the policy's blocks at its first call (aot_eager on CPU,
+    `rlfarm.models.compiled`) — the loss, metrics and weights of the eager update, over packed pieces of a token
+    budget (lengths differ piece to piece), the TIS pre-pass (no gradients) and an eager KL reference."""
+    from rlfarm.models.compiled import is_compiled
+    from rlfarm.models.lm import decoder_blocks
+
+    cfg = GRPOConfig(prompts_per_step=4, group_size=4, minibatches=2, seed=0, micro_batch_tokens=40, packed=True,
+                     is_correction="token_tis", kl_coef=0.05)
+    torch._dynamo.reset()
+    model, eager, compiled = _updates_agree(cfg, compile_layers=True)
+    torch._dynamo.reset()
+    assert all(map(is_compiled, decoder_blocks(compiled)))
+    assert not any(is_compiled(block) for policy in (model, eager) for block in decoder_blocks(policy))
+
+
+def test_compile_layers_is_a_learner_option_off_by_default():
+    from rlfarm.config import compose
+    from rlfarm.errors import ConfigError
+    from rlfarm.loops.llm import grpo_config
+
+    assert grpo_config(compose("train", ["experiment=grpo_digits"])).compile_layers is False
+    assert grpo_config(compose("train", ["experiment=grpo_7b_shape", "algo.compile_layers=true"])).compile_layers
+    with pytest.raises(ConfigError, match="compile_layers"):
+        compose("train", ["experiment=grpo_digits", "algo.compile_layers=sometimes"])

@@ -12,12 +12,13 @@ def test_bench_lm_learner_on_cpu_times_the_update_against_a_matmul(tmp_path):
     out = rlfarm("bench", "lm_learner", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "bench.json").read_text())
-    matmul, rows, tokens, packed = result["rows"]
+    matmul, rows, tokens, packed, compiled = result["rows"]
     assert result["bench"] == "lm_learner" and matmul["case"] == "matmul n256" and matmul["value"] > 0
     assert rows["case"] == "lm update (rows)" and tokens["case"] == "lm update (tokens)"
-    assert packed["case"] == "lm update (packed)"
-    # the same step in micro-batches of 4 rows, in pieces of ≤ 48 tokens, and in those packed (no padding computed)
-    for update in (rows, tokens, packed):
+    assert packed["case"] == "lm update (packed)" and compiled["case"] == "lm update (packed, compiled)"
+    # the same step in micro-batches of 4 rows, in pieces of ≤ 48 tokens, in those packed (no padding computed), and
+    # those with each decoder block compiled (aot_eager on CPU)
+    for update in (rows, tokens, packed, compiled):
         assert update["baseline"] == "matmul n256" and update["unit"] == "TFLOP/s"
         assert update["ratio"] == pytest.approx(update["value"] / matmul["value"])
         # 8 rows of 8 prompt tokens and 4-16 response tokens: the padding is counted apart, not as work
@@ -27,4 +28,7 @@ def test_bench_lm_learner_on_cpu_times_the_update_against_a_matmul(tmp_path):
     assert (rows["micro_batch_size"], rows["micro_batch_tokens"]) == (4, None)
     assert (tokens["micro_batch_size"], tokens["micro_batch_tokens"]) == (None, 48)
     assert (packed["micro_batch_tokens"], packed["packed"], tokens["packed"]) == (48, True, False)
-    assert packed["real_tokens"] == tokens["real_tokens"]  # the same step
+    assert packed["real_tokens"] == tokens["real_tokens"] == compiled["real_tokens"]  # the same step
+    assert (compiled["packed"], compiled["compile_layers"], packed["compile_layers"]) == (True, True, False)
+    # compiled in the untimed first update, once: pieces of other lengths reuse the graph (dynamic token counts)
+    assert compiled["compile_s"] > 0 and compiled["compiles"] == 1 and "compile_s" not in packed
