@@ -40,7 +40,7 @@ from rlfarm.bench.stand_ins import ChunkProducer, InstantAck
 from rlfarm.config import CONF_DIR
 from rlfarm.families import OFFPOLICY
 from rlfarm.errors import ConfigError
-from rlfarm.reward_fitting.fit import rank_correlation
+from rlfarm.rewards.fit_steps import rank_correlation
 from rlfarm.rewards.clip_factory import SHAPES, save_random_clip
 from rlfarm.rewards.vlm_factory import SHAPES as JUDGE_SHAPES, is_shape
 from rlfarm.roles.labeler import Labeler

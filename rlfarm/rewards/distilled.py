@@ -13,7 +13,7 @@ Per call (one labeler bus):
    is scored); Spearman's rank correlation and the mean absolute error over the last `agreement_window` of them.
 3. The teacher's labels go into a bounded replay (the frames at the student's size, on the labeler's device) and the
    student takes `train_steps` minibatch steps on it, on targets standardized by the replay's mean and std as
-   `rlfarm fit-reward` trains (rlfarm/reward_fitting/fit.py's `descend`; the networks of rlfarm/rewards/fitted.py).
+   `rlfarm fit-reward` trains (`descend` of rlfarm/rewards/fit_steps.py; the networks of rlfarm/rewards/fitted.py).
 4. The agent gets the teacher's label where there is one, the student's score elsewhere.
 
 The student is warm while it has seen `min_teacher_labels` teacher labels and its agreement is at least
@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rlfarm.reward_fitting.fit import descend, held_out_metrics
+from rlfarm.rewards.fit_steps import descend, held_out_metrics
 from rlfarm.rewards.base import OnDevice, Pending, RewardModel, RewardModelError
 from rlfarm.rewards.fitted import FittedReward
 from rlfarm.settings import RangeError, check_ranges
