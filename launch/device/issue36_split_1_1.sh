@@ -38,6 +38,7 @@ CLIP_UTD=${CLIP_UTD:-0.25}
 # CUDA contexts (2026-11-30: 24 x 4 left the labelers waiting on that GPU 95 % of their time), so fewer runners with
 # more sub-envs each (e.g. 12 x 8: the same envs) leave the labelers more of it
 CLIP_RUNNERS=${CLIP_RUNNERS:-$RUNNERS}; CLIP_ENVS=${CLIP_ENVS:-$NUM_ENVS}
+EXTRA=${EXTRA:-}  # more overrides for every run, e.g. EXTRA=topology.roles.labeler.count=1 (one labeler per reward GPU)
 HARD=${HARD:-540}   # seconds into the call by which every run must have ended (the device call's limit less the rest)
 rm -rf "$W"; mkdir -p "$OUT" "$W/runs" "$W/sync"
 log() { echo "[${SECONDS}s] $*" | tee -a "$W/timeline.txt"; }
@@ -119,7 +120,7 @@ train() {  # name, seconds of acting, seconds its start-up may take at most, ove
   timeout $limit rlfarm train topology=split_1_1 env=halfcheetah run.live=false run.checkpoint=false \
     total_env_steps=100000000 env.num_envs=${RUN_ENVS:-$NUM_ENVS} algo.utd_ratio=${RUN_UTD:-$UTD} algo.batch_size=$BATCH \
     labeler.bus_timeout_s=0.2 run.restart_timeout_s=300 run.max_wall_s=$wall ${FRAME_KEY:-reward.frame_size}=$FRAME \
-    hydra.run.dir="$W/runs/$name" "${SIZE[@]}" "$@" > "$W/$name.log" 2>&1
+    hydra.run.dir="$W/runs/$name" "${SIZE[@]}" "$@" $EXTRA > "$W/$name.log" 2>&1
   log "$name rc=$?"
   [ -n "$sampler" ] && kill $sampler
   [ -n "$spy" ] && { kill $spy 2> /dev/null; wait $spy 2> /dev/null; }
