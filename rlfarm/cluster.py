@@ -23,13 +23,8 @@ WORKER_ENV = {"MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl", "RAY_DEDUP_LOGS": 
 FORWARDED_ENV = ("RLFARM_ENV_IMPORTS",)
 
 
-def worker_env_vars() -> dict[str, str]:
-    """What the run hands every worker (FORWARDED_ENV, where set)."""
-    return {key: os.environ[key] for key in FORWARDED_ENV if os.environ.get(key)}
-
-
 def _runtime_env() -> dict | None:
-    env_vars = worker_env_vars()
+    env_vars = {key: os.environ[key] for key in FORWARDED_ENV if os.environ.get(key)}
     return {"env_vars": env_vars} if env_vars else None
 
 

@@ -91,13 +91,9 @@ def _stop(env: dict, pipe: Path) -> None:
 
 
 def client_options() -> dict:
-    """Ray actor options that make a role a client of the run's daemon ({} when there is none): its environment, on
-    top of the run's own (rlfarm.cluster: what every worker is handed)."""
-    if not _clients:
-        return {}
-    from rlfarm.cluster import worker_env_vars
-
-    return {"runtime_env": {"env_vars": {**worker_env_vars(), **_clients}}}
+    """Ray actor options that make a role a client of the run's daemon ({} when there is none). Ray merges an actor's
+    env_vars into the run's own (rlfarm.cluster's FORWARDED_ENV), key by key."""
+    return {"runtime_env": {"env_vars": dict(_clients)}} if _clients else {}
 
 
 def _start(env: dict, pipe: Path, logs: Path) -> None:
