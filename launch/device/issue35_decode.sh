@@ -8,12 +8,19 @@
 # tests (graphed steps and graphed refill through batch and context buckets equal eager; fused steps equal unfused
 # ones and follow in-place syncs; the fused step not slower at a small shape) → $OUT/gpu_tests.log.
 # Usage (device tool, carry .devpkgs): source .devpkgs/setup.sh && CUDA_VISIBLE_DEVICES=0 bash launch/device/issue35_decode.sh
-# (~9 min with the tests; TESTS=0: the bench alone, BENCH=0: the tests alone, each in a call of its own)
+# (~9 min with the tests; TESTS=0: the bench alone, BENCH=0: the tests alone, each in a call of its own).
+# SWEEP=1 first times the attention kernel's launch choices and the step's GEMMs alone
+# (launch/device/decode_attention_sweep.py → $OUT/decode_attention_sweep.json; AUTOTUNE=1 adds inductor's GEMMs).
 set -uo pipefail
 export OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 run=/tmp/issue35_decode_run
 rm -rf "$run"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+if [ "${SWEEP:-0}" = 1 ]; then
+  timeout "${SWEEP_TIMEOUT:-240}" python3 launch/device/decode_attention_sweep.py \
+    $([ "${AUTOTUNE:-0}" = 1 ] && echo --autotune) > "$OUT/sweep.log" 2>&1 || echo "sweep failed: $?" | tee -a "$OUT/failed.txt"
+  tail -40 "$OUT/sweep.log"
+fi
 if [ "${BENCH:-1}" = 1 ]; then
   timeout "${BENCH_TIMEOUT:-400}" rlfarm bench engine device=cuda bench.shape=qwen2_5_7b_shape \
     'bench.sizes.batches=[]' 'bench.sizes.static_baseline_batches=[]' bench.profile=true \
@@ -38,7 +45,7 @@ PY
 fi
 if [ "${TESTS:-1}" = 1 ]; then
   timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -s tests/engines/test_static_decoder.py \
-    tests/engines/test_fused_projections.py -k cuda \
+    tests/engines/test_fused_projections.py tests/engines/test_decode_attention.py -k "cuda or attend or written" \
     > "$OUT/gpu_tests.log" 2>&1 || echo "gpu tests: $?" | tee -a "$OUT/failed.txt"
   tail -3 "$OUT/gpu_tests.log"
   grep -h "decode step ms" "$OUT/gpu_tests.log"

@@ -19,7 +19,7 @@ from rlfarm.engines import static_decoder
 from rlfarm.engines.buckets import contexts
 from rlfarm.engines.hf import HFEngine
 
-TOP = 30
+TOP = 60
 
 
 def run_dir() -> Path:

@@ -1,31 +1,72 @@
 """The per-row flash-decoding kernel (`rlfarm.engines.decode_attention`) against the masked matmuls it replaces on
-CUDA, at a 7B layer's head layout (the decoder under refill: tests/engines/test_static_decoder.py)."""
+CUDA, at a 7B layer's head layout (the decoder under refill: tests/engines/test_static_decoder.py). Without a GPU
+they run on the CPU under Triton's interpreter where Triton is installed and TRITON_INTERPRET=1 (float32 only)."""
+import os
+
 import pytest
 import torch
 
-from rlfarm.engines.decode_attention import available, decode_attention
+from rlfarm.engines.decode_attention import Launch, available, decode_attention
 from rlfarm.engines.llama_attention import attend_cache
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (torch.cuda.is_available() and available(torch.device("cuda"))),
-                                                  reason="needs CUDA and Triton")]
+CUDA = torch.cuda.is_available() and available(torch.device("cuda"))
+INTERPRETED = not CUDA and os.environ.get("TRITON_INTERPRET") == "1" and available(torch.device("cpu"))
+DEVICE = "cuda" if CUDA else "cpu"
+DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
+# interpreted runs are asked for by hand (CI's torch has no Triton): they drop the gpu mark that skips without CUDA
+pytestmark = ([] if INTERPRETED else [pytest.mark.gpu]) + [
+    pytest.mark.skipif(not (CUDA or INTERPRETED), reason="needs CUDA and Triton (or TRITON_INTERPRET=1)")]
+KV_HEADS, GROUPS, DIM = 4, 7, 128  # Qwen2.5-7B's layout: 4 kv heads of 7 query heads, head dim 128
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_each_row_attends_to_its_own_columns_as_the_masked_matmuls_do(dtype):
-    # Qwen2.5-7B's layout (4 kv heads of 7 query heads, head dim 128); rows of very different lengths with left
-    # padding, in a bucket view of a longer cache (strided), ends on and off the kernel's block and split edges
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    rows, kv_heads, groups, dim, columns = 9, 4, 7, 128, 700
-    cache = torch.randn(2, rows, kv_heads, columns + 64, dim, device="cuda", dtype=dtype, generator=gen)
+def ragged_cache(dtype, rows=9, columns=700, seed=0):
+    """A bucket view of a longer cache (strided), rows of very different lengths with left padding, ends on and
+    off the kernel's block and split edges."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    cache = torch.randn(2, rows, KV_HEADS, columns + 64, DIM, device=DEVICE, dtype=dtype, generator=gen)
     keys, values = cache[0, :, :, :columns], cache[1, :, :, :columns]
-    column = torch.tensor([0, 5, 63, 64, 255, 256, 511, 640, 699], device="cuda")
-    valid = torch.zeros(rows, columns + 64, dtype=torch.bool, device="cuda")
+    column = torch.tensor([0, 5, 63, 64, 255, 256, 511, 640, 699][:rows], device=DEVICE)
+    valid = torch.zeros(rows, columns + 64, dtype=torch.bool, device=DEVICE)
     for row, last in enumerate(column.tolist()):
         valid[row, min(row, last):last + 1] = True  # `row` pad columns first, then the written ones
-    query = torch.randn(rows, kv_heads * groups, 1, dim, device="cuda", dtype=dtype, generator=gen)
-    out = decode_attention(query, keys, values, valid[:, :columns], column, groups, dim ** -0.5)
-    expected = attend_cache(query.float(), keys.float(), values.float(), valid[:, None, None, :columns], groups,
-                            dim ** -0.5)
-    assert out.shape == expected.shape == (rows, 1, kv_heads * groups * dim) and out.dtype == dtype
-    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+    query = torch.randn(rows, KV_HEADS * GROUPS, 1, DIM, device=DEVICE, dtype=dtype, generator=gen)
+    return query, keys, values, valid[:, :columns], column
+
+
+def expected(query, keys, values, valid):
+    return attend_cache(query.float(), keys.float(), values.float(), valid[:, None, None, :], GROUPS, DIM ** -0.5)
+
+
+def tolerance(dtype):
+    return 1e-5 if dtype == torch.float32 else 2e-2
+
+
+@pytest.mark.parametrize("launch", [Launch(), Launch(block=32, warps=2, stages=2, busy_programs=4096)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_each_row_attends_to_its_own_columns_as_the_masked_matmuls_do(dtype, launch):
+    # the second launch splits every row's columns over several programs (its merge kernel) in smaller blocks
+    query, keys, values, valid, column = ragged_cache(dtype)
+    out = decode_attention(query, keys, values, valid, column, GROUPS, DIM ** -0.5, launch=launch)
+    want = expected(query, keys, values, valid)
+    assert out.shape == want.shape == (len(column), 1, KV_HEADS * GROUPS * DIM) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), want, atol=tolerance(dtype), rtol=tolerance(dtype))
+
+
+@pytest.mark.parametrize("launch", [Launch(), Launch(block=32, busy_programs=4096)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_new_key_and_value_are_written_to_each_rows_column_and_attended(dtype, launch):
+    # the cache holds stale numbers in each row's newest column; the kernel writes the step's key and value there
+    # (strided views, as the decoder's rotated keys are) and attends as if they had been written first
+    query, keys, values, valid, column = ragged_cache(dtype, seed=1)
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
+    new = torch.randn(2, len(column), 1, KV_HEADS, DIM, device=DEVICE, dtype=dtype, generator=gen)
+    new_key, new_value = new[0, :, 0], new[1].transpose(1, 2)[:, :, 0]
+    written_keys, written_values = keys.clone(), values.clone()
+    rows = torch.arange(len(column), device=DEVICE)
+    written_keys[rows, :, column], written_values[rows, :, column] = new_key, new_value
+    want = expected(query, written_keys, written_values, valid)
+    untouched = keys.clone()
+    out = decode_attention(query, keys, values, valid, column, GROUPS, DIM ** -0.5, new_key, new_value, launch)
+    torch.testing.assert_close(out.float(), want, atol=tolerance(dtype), rtol=tolerance(dtype))
+    assert torch.equal(keys, written_keys) and torch.equal(values, written_values)
+    assert not torch.equal(keys, untouched)  # the write happened (the stale column differed)
