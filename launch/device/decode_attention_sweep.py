@@ -1,7 +1,7 @@
 """Where the 7B decode step's kernels stand against the card (issue 35, item 3), in one device call:
 
-1. the per-row flash-decoding kernel (`rlfarm.engines.decode_attention`, with its cache write) at Qwen2.5-7B's
-   layout and batch 256, for each launch choice (`Launch`: block, warps, stages, busy_programs), 28 launches (one
+1. the per-row flash-decoding kernel (`rlfarm.engines.decode_attention`, with its cache write; at two launch
+   choices also without: `--quick` times only those four) at Qwen2.5-7B's layout and batch 256, for each launch choice (`Launch`: block, warps, stages, busy_programs), 28 launches (one
    per layer, each its own cache) in a CUDA graph — K/V read rate in TB/s beside a plain copy of the same bytes
    (the card's copy rate, same call);
 2. the step's weight GEMMs at 256 rows (fused q/k/v, o, fused gate/up, down, the head) through cuBLAS as torch calls
@@ -50,9 +50,11 @@ def graph_ms(work, replays: int = 20) -> float:
     return start.elapsed_time(end) / replays
 
 
-def attention_sweep(context: str) -> list[dict]:
-    """Every launch choice on 28 caches; context "even": every row's newest column at 767 (the bench's mean
-    context P + cap/2), "ragged": newest columns spread over [0, CACHE - 1) (a refilled batch)."""
+def attention_sweep(context: str, quick: bool) -> list[dict]:
+    """Every launch choice on 28 caches, the kernel writing the step's key/value (the engine's default) and, for
+    the first default (64, 4, 3) and `LAUNCH`, also not (the cache written before: the write's A/B); quick: only
+    those. Context "even": every row's newest column at 767 (the bench's mean context P + cap/2), "ragged": newest
+    columns spread over [0, CACHE - 1) (a refilled batch)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape = (ROWS, KV_HEADS, CACHE, DIM)
     keys = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(LAYERS)]
@@ -71,21 +73,25 @@ def attention_sweep(context: str) -> list[dict]:
     rows = [{"case": f"copy of the attended K/V ({context})", "ms": round(copy_ms, 3),
              "read_tb_s": round(read / copy_ms / 1e9, 2)}]
     del sources, targets
-    choices = [Launch(block, warps, stages, busy) for block, warps, stages, busy in itertools.product(
-        (32, 64, 128), (2, 4, 8), (1, 2, 3, 4), (528, 2048))]
-    for launch in choices:
+    pairs = [(launch, write) for launch in dict.fromkeys([Launch(), LAUNCH]) for write in (True, False)]
+    if not quick:
+        pairs += [(Launch(block, warps, stages, busy), True) for block, warps, stages, busy in itertools.product(
+            (32, 64, 128), (2, 4, 8), (1, 2, 3, 4), (528, 2048)) if Launch(block, warps, stages, busy) not in
+            (Launch(), LAUNCH)]
+    for launch, write in pairs:
         def work():
             for layer in range(LAYERS):
                 decode_attention(query, keys[layer], values[layer], valid, column, GROUPS, DIM ** -0.5,
-                                 new[0], new[1], launch)
+                                 *((new[0], new[1]) if write else (None, None)), launch)
         try:
             ms = graph_ms(work)
         except Exception as error:  # a choice the card cannot hold (shared memory): say so, go on
-            rows.append({"case": f"attention {context}", **launch.__dict__, "error": str(error).splitlines()[0][:120]})
+            rows.append({"case": f"attention {context}", **launch.__dict__, "write": write,
+                         "error": str(error).splitlines()[0][:120]})
             continue
-        rows.append({"case": f"attention {context}", **launch.__dict__, "ms_per_step": round(ms, 3),
+        rows.append({"case": f"attention {context}", **launch.__dict__, "write": write, "ms_per_step": round(ms, 3),
                      "read_tb_s": round(read / ms / 1e9, 2), "vs_copy": round(copy_ms / ms, 3),
-                     "default": launch == LAUNCH})
+                     "default": launch == LAUNCH and write})
     return rows
 
 
@@ -112,8 +118,10 @@ def gemm_rows(autotune: bool) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--autotune", action="store_true", help="also inductor's max-autotune GEMMs (minutes)")
+    parser.add_argument("--quick", action="store_true", help="only the write's A/B at two launch choices, no GEMMs")
     args = parser.parse_args()
-    rows = attention_sweep("even") + attention_sweep("ragged") + gemm_rows(args.autotune)
+    rows = attention_sweep("even", args.quick) + attention_sweep("ragged", args.quick)
+    rows += [] if args.quick else gemm_rows(args.autotune)
     out = Path(os.environ.get("OUT", ".")) / "decode_attention_sweep.json"
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
     for context in ("even", "ragged"):
@@ -121,7 +129,7 @@ def main() -> None:
                        key=lambda row: row["ms_per_step"])
         default = next((row for row in timed if row["default"]), None)
         print(f"attention {context}: default {default}")
-        for row in timed[:8]:
+        for row in timed[:8] if len(timed) > 8 else timed:
             print("  ", row)
         print("  ", next(row for row in rows if row["case"].startswith("copy") and context in row["case"]))
     for row in rows:

@@ -11,9 +11,11 @@ merges the splits. Grouped-query: a program loads its kv head's K/V block once f
 
 Visibility is the cache's own `key_valid` mask (left padding of prompts, stale columns of an ended sample),
 loaded per block beside K: the same columns the matmul path masks. The step's new key and value are written by
-the kernel itself: the program whose split holds a row's newest column stores them there and takes that column
-from its registers, not from memory (no read-after-write inside a launch), so a layer's cache write and attention
-are one launch where they were three (an index, two `index_put_`s) — at 7B that is 84 fewer kernels a step. The
+the kernel itself: the program whose split holds a row's newest column stores them there, and every program
+scores that column from the registers' key and weighs the registers' value (a load inside the same launch may or
+may not see the store), so a layer's cache write and attention are one launch where they were three (an index,
+two `index_put_`s). K and V reach the dots straight from memory: an edit of the loaded blocks would take them
+through registers, out of the loads' software pipeline. The
 decoder calls it through `write_and_attend`, which torch.compile leaves out of its graph; CUDA graphs capture it.
 Triton ships with CUDA builds of torch, not CPU ones: `available()` says whether it can run (it also runs under
 `TRITON_INTERPRET=1` where Triton is installed)."""
@@ -45,7 +47,9 @@ class Launch:
     busy_programs: int = 528
 
 
-LAUNCH = Launch()
+# the best of `decode_attention_sweep.py` on an H200 (2026-11-30) over an even and a ragged 7B batch of 256 rows:
+# 3.74 and 3.80 ms a step's 28 launches, where the first default (64, 4, 3) took 3.95 and 3.94
+LAUNCH = Launch(block=128, warps=4, stages=2)
 
 
 def available(device: torch.device) -> bool:
@@ -76,24 +80,28 @@ if triton is not None:
         acc = tl.zeros([ROWS, DIMS], tl.float32)
         k_row = k_ptr + row * k_stride_b + head * k_stride_h
         v_row = v_ptr + row * v_stride_b + head * v_stride_h
-        if WRITE:  # the step's key and value: into the cache by the split that holds the newest column, and kept
+        if WRITE:  # the step's key and value: into the cache by the split that holds the newest column
             mine = (newest >= split * split_len) & (newest < (split + 1) * split_len)
             written = dim < tl.where(mine, DIM, 0)  # the whole head dim in the owning split, nothing elsewhere
-            new_k = tl.load(new_k_ptr + row * new_k_stride_b + head * new_k_stride_h + dim, mask=dim < DIM, other=0.0)
-            new_v = tl.load(new_v_ptr + row * new_v_stride_b + head * new_v_stride_h + dim, mask=dim < DIM, other=0.0)
-            tl.store(k_row + newest * k_stride_s + dim, new_k.to(k_ptr.dtype.element_ty), mask=written)
-            tl.store(v_row + newest * v_stride_s + dim, new_v.to(v_ptr.dtype.element_ty), mask=written)
+            new_k = tl.load(new_k_ptr + row * new_k_stride_b + head * new_k_stride_h + dim, mask=dim < DIM,
+                            other=0.0).to(k_ptr.dtype.element_ty)
+            new_v = tl.load(new_v_ptr + row * new_v_stride_b + head * new_v_stride_h + dim, mask=dim < DIM,
+                            other=0.0).to(v_ptr.dtype.element_ty)
+            tl.store(k_row + newest * k_stride_s + dim, new_k, mask=written)
+            tl.store(v_row + newest * v_stride_s + dim, new_v, mask=written)
+            # its score, from registers: the loop's load of that column may see the store or not
+            fresh = tl.sum(q.to(tl.float32) * new_k.to(tl.float32)[None, :], 1) * scaling  # [ROWS]
         for start in range(split * split_len, stop, BLOCK_N):
             col = start + cols
             inside = col < stop
             seen = tl.load(valid_ptr + row * valid_stride_b + col, mask=inside, other=0) != 0
             block = inside[:, None] & (dim < DIM)[None, :]
-            if WRITE:  # the newest column from registers: its store above may not be visible to this load
-                block = block & (col != newest)[:, None]
             k = tl.load(k_row + col[:, None] * k_stride_s + dim[None, :], mask=block, other=0.0)
-            if WRITE:
-                k = tl.where((col == newest)[:, None], new_k[None, :].to(k.dtype), k)
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scaling  # [ROWS, BLOCK_N], fp32
+            if WRITE:  # K and V go from memory to the dots untouched (so their loads stay pipelined); the newest
+                # column's score and weight are swapped for those of the registers' key and value instead
+                at_newest = (col == newest)[None, :]
+                scores = tl.where(at_newest, fresh[:, None], scores)
             scores = tl.where(seen[None, :], scores, float("-inf"))
             new_best = tl.maximum(best, tl.max(scores, 1))
             shift = tl.where(new_best == float("-inf"), 0.0, new_best)  # no column seen yet: keep zeros, not NaN
@@ -102,8 +110,12 @@ if triton is not None:
             total = total * rescale + tl.sum(weights, 1)
             v = tl.load(v_row + col[:, None] * v_stride_s + dim[None, :], mask=block, other=0.0)
             if WRITE:
-                v = tl.where((col == newest)[:, None], new_v[None, :].to(v.dtype), v)
-            acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
+                fresh_weight = tl.sum(tl.where(at_newest, weights, 0.0), 1).to(v.dtype).to(tl.float32)
+                weights = tl.where(at_newest, 0.0, weights)
+                acc = acc * rescale[:, None] + fresh_weight[:, None] * new_v.to(tl.float32)[None, :]
+                acc += tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
+            else:
+                acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
             best = new_best
         if DIRECT:  # one split: this program's result is the row's
             tl.store(out_ptr + row * out_stride_b + (head * GROUPS + group)[:, None] * DIM + dim[None, :],
@@ -177,10 +189,16 @@ def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
 @torch.compiler.disable
 def write_and_attend(keys: torch.Tensor, values: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      query: torch.Tensor, key_valid: torch.Tensor, column: torch.Tensor, groups: int,
-                     scaling: float) -> torch.Tensor:
-    """Write each row's new key/value [B, kv_heads, D] into its column of the cache views and attend, in one launch
-    (`decode_attention`). Outside torch.compile on purpose: inside (as an opaque custom op), inductor copied the
-    written cache into a new buffer for it per layer and step, 8.9 ms of a 20.8 ms 7B step on an H200."""
+                     scaling: float, in_kernel: bool = True) -> torch.Tensor:
+    """Write each row's new key/value [B, kv_heads, D] into its column of the cache views and attend: in one launch
+    (`decode_attention`), or (`in_kernel` False, the baseline) by `index_put_`s first. Outside torch.compile on
+    purpose: inside (as an opaque custom op), inductor copied the written cache into a new buffer for it per layer
+    and step, 8.9 ms of a 20.8 ms 7B step on an H200."""
+    if not in_kernel:
+        rows = torch.arange(keys.shape[0], device=keys.device)
+        keys[rows, :, column] = key
+        values[rows, :, column] = value
+        return decode_attention(query, keys, values, key_valid, column, groups, scaling)
     if key.stride(-1) != 1 or value.stride(-1) != 1:  # the kernel reads D with unit stride
         key, value = key.contiguous(), value.contiguous()
     return decode_attention(query, keys, values, key_valid, column, groups, scaling, key, value)
