@@ -1,7 +1,7 @@
 """Where the 7B decode step's kernels stand against the card (issue 35, item 3), in one device call:
 
-1. the per-row flash-decoding kernel (`rlfarm.engines.decode_attention`, with its cache write; at two launch
-   choices also without: `--quick` times only those four) at Qwen2.5-7B's layout and batch 256, for each launch choice (`Launch`: block, warps, stages, busy_programs), 28 launches (one
+1. the per-row flash-decoding kernel (`rlfarm.engines.decode_attention`) at Qwen2.5-7B's layout and batch 256, for
+   each launch choice (`Launch`: block, warps, stages, busy_programs), 28 launches (one
    per layer, each its own cache) in a CUDA graph — K/V read rate in TB/s beside a plain copy of the same bytes
    (the card's copy rate, same call);
 2. the step's weight GEMMs at 256 rows (fused q/k/v, o, fused gate/up, down, the head) through cuBLAS as torch calls
@@ -51,10 +51,9 @@ def graph_ms(work, replays: int = 20) -> float:
 
 
 def attention_sweep(context: str, quick: bool) -> list[dict]:
-    """Every launch choice on 28 caches, the kernel writing the step's key/value (the engine's default) and, for
-    the first default (64, 4, 3) and `LAUNCH`, also not (the cache written before: the write's A/B); quick: only
-    those. Context "even": every row's newest column at 767 (the bench's mean context P + cap/2), "ragged": newest
-    columns spread over [0, CACHE - 1) (a refilled batch)."""
+    """Every launch choice on 28 caches (quick: `LAUNCH` and the even batch's best, (128, 4, 2)). Context "even":
+    every row's newest column at 767 (the bench's mean context P + cap/2), "ragged": newest columns spread over
+    [0, CACHE - 1) (a refilled batch)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape = (ROWS, KV_HEADS, CACHE, DIM)
     keys = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(LAYERS)]
@@ -63,7 +62,6 @@ def attention_sweep(context: str, quick: bool) -> list[dict]:
               else torch.randint(0, CACHE - 1, (ROWS,), device="cuda", generator=gen))
     valid = torch.arange(CACHE, device="cuda")[None, :] <= column[:, None]
     query = torch.randn(ROWS, KV_HEADS * GROUPS, 1, DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-    new = torch.randn(2, ROWS, KV_HEADS, DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
     read = 2 * int((column + 1).sum()) * KV_HEADS * DIM * 2 * LAYERS  # K and V, bf16, every layer
     # the card's copy rate over the same bytes: each layer's attended K/V as one contiguous block, copied
     flat = read // LAYERS // 2  # elements of bf16 per layer
@@ -73,25 +71,23 @@ def attention_sweep(context: str, quick: bool) -> list[dict]:
     rows = [{"case": f"copy of the attended K/V ({context})", "ms": round(copy_ms, 3),
              "read_tb_s": round(read / copy_ms / 1e9, 2)}]
     del sources, targets
-    pairs = [(launch, write) for launch in dict.fromkeys([Launch(), LAUNCH]) for write in (True, False)]
+    choices = list(dict.fromkeys([LAUNCH, Launch(128, 4, 2)]))
     if not quick:
-        pairs += [(Launch(block, warps, stages, busy), True) for block, warps, stages, busy in itertools.product(
-            (32, 64, 128), (2, 4, 8), (1, 2, 3, 4), (528, 2048)) if Launch(block, warps, stages, busy) not in
-            (Launch(), LAUNCH)]
-    for launch, write in pairs:
+        choices += [Launch(*choice) for choice in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3, 4), (528, 2048))
+                    if Launch(*choice) not in choices]
+    for launch in choices:
         def work():
             for layer in range(LAYERS):
-                decode_attention(query, keys[layer], values[layer], valid, column, GROUPS, DIM ** -0.5,
-                                 *((new[0], new[1]) if write else (None, None)), launch)
+                decode_attention(query, keys[layer], values[layer], valid, column, GROUPS, DIM ** -0.5, launch)
         try:
             ms = graph_ms(work)
         except Exception as error:  # a choice the card cannot hold (shared memory): say so, go on
-            rows.append({"case": f"attention {context}", **launch.__dict__, "write": write,
+            rows.append({"case": f"attention {context}", **launch.__dict__,
                          "error": str(error).splitlines()[0][:120]})
             continue
-        rows.append({"case": f"attention {context}", **launch.__dict__, "write": write, "ms_per_step": round(ms, 3),
+        rows.append({"case": f"attention {context}", **launch.__dict__, "ms_per_step": round(ms, 3),
                      "read_tb_s": round(read / ms / 1e9, 2), "vs_copy": round(copy_ms / ms, 3),
-                     "default": launch == LAUNCH and write})
+                     "default": launch == LAUNCH})
     return rows
 
 
@@ -118,7 +114,7 @@ def gemm_rows(autotune: bool) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--autotune", action="store_true", help="also inductor's max-autotune GEMMs (minutes)")
-    parser.add_argument("--quick", action="store_true", help="only the write's A/B at two launch choices, no GEMMs")
+    parser.add_argument("--quick", action="store_true", help="two launch choices, no GEMMs")
     args = parser.parse_args()
     rows = attention_sweep("even", args.quick) + attention_sweep("ragged", args.quick)
     rows += [] if args.quick else gemm_rows(args.autotune)

@@ -11,9 +11,10 @@
 # (~9 min with the tests; TESTS=0: the bench alone, BENCH=0: the tests alone, each in a call of its own).
 # SWEEP=1 first times the attention kernel's launch choices and the step's GEMMs alone
 # (launch/device/decode_attention_sweep.py → $OUT/decode_attention_sweep.json; AUTOTUNE=1 adds inductor's GEMMs,
-# QUICK=1 times only the kernel's cache write on and off at two launch choices).
+# QUICK=1 only two launch choices).
 set -uo pipefail
 export OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
+mkdir -p "$OUT"
 run=/tmp/issue35_decode_run
 rm -rf "$run"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -38,7 +39,7 @@ try:
 except OSError:
     sys.exit(0)
 keys = ("value", "seconds", "useful_tokens", "attended_columns", "hbm_bound_ms", "compute_bound_ms", "roofline_ms", "serial_bound_ms",
-        "of_hbm_bound", "of_roofline", "speedup", "vs_matmul", "vs_unfused", "vs_separate_write", "fused_projections", "ratio",
+        "of_hbm_bound", "of_roofline", "speedup", "vs_matmul", "vs_unfused", "fused_projections", "ratio",
         "decode_steps")
 for row in rows:
     print(row["case"], {k: row[k] for k in keys if k in row})

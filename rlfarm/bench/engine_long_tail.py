@@ -18,9 +18,7 @@ call − time of a one-token call) / (cap − 1), measured in the same run atten
 (`context_step` columns apart: the engine's default) and to the whole allocated row (`decode step bN whole row`,
 its baseline: the engine before them), and with `unfused_step` the default step with a GEMM per projection
 (`decode step bN unfused`: q, k, v, gate and up each their own, as before `rlfarm.engines.fused_projections`;
-the first row's `vs_unfused` = unfused ms / its ms); where the per-row kernel runs (CUDA), also with the cache
-written by `index_put_`s before the kernel (`decode step bN separate write`, `vs_separate_write`) and through the
-masked matmuls (`decode step bN matmul attention`, `vs_matmul`). Beside each, the floors of that step
+the first row's `vs_unfused` = unfused ms / its ms). Beside each, the floors of that step
 (`rlfarm.bench.engine_roofline`):
 `hbm_bound_ms` (weights + KV cache at the mean context P + cap/2 over the card's bandwidth), `compute_bound_ms`
 (its matrix FLOPs over the card's dense bf16 peak), `roofline_ms` = the larger, `serial_bound_ms` (GEMMs, then
@@ -44,7 +42,7 @@ from rlfarm.engines.synthetic_lengths import synthetic_lengths
 
 log = logging.getLogger("rlfarm")
 FIXED, REFILL, STEP = "long-tail fixed batch", "long-tail refill", "decode step"
-WHOLE_ROW, MATMUL, UNFUSED, SEPARATE_WRITE = "whole row", "matmul attention", "unfused", "separate write"
+WHOLE_ROW, MATMUL, UNFUSED = "whole row", "matmul attention", "unfused"
 
 
 def timed(work, device: str) -> tuple[float, object]:
@@ -94,25 +92,22 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
         log.info("%s: %.0f useful tok/s (%d decode steps)", case, useful / seconds, calls.decode_steps)
     engine.refill, engine.lengths = False, None  # every row to the cap: the decode step at full batch
     step, buckets_on = f"{STEP} b{slots}", engine._static.context_step
-    # (case, context step, attention, fused projections, the kernel writes the cache); the engine's default first,
-    # its whole-row baseline last
-    steps = ([(step, buckets_on, "auto", True, True)]
-             + ([(f"{step} {SEPARATE_WRITE}", buckets_on, "auto", True, False),
-                 (f"{step} {MATMUL}", buckets_on, "matmul", True, True)] if kernel else [])
-             + ([(f"{step} {UNFUSED}", buckets_on, "auto", False, True)] if unfused_step else [])
-             + [(f"{step} {WHOLE_ROW}", None, "matmul", True, True)])
+    # (case, context step, attention, fused projections); the engine's default first, its whole-row baseline last
+    steps = ([(step, buckets_on, "auto", True)]
+             + ([(f"{step} {MATMUL}", buckets_on, "matmul", True)] if kernel else [])
+             + ([(f"{step} {UNFUSED}", buckets_on, "auto", False)] if unfused_step else [])
+             + [(f"{step} {WHOLE_ROW}", None, "matmul", True)])
     step_rows, batch = {}, (ids * -(-slots // len(ids)))[:slots]  # a full batch of prompts, repeated if few
-    for case, context_step, attention, fused, write_in_kernel in steps:
+    for case, context_step, attention, fused in steps:
         engine._static.context_step, engine._static.attention = context_step, attention
-        engine._static.write_in_kernel = write_in_kernel
         engine._static.projections.switch(fused)  # a graph per path: the fused one's are kept for the rows after
         step_rows[case] = decode_step_row(engine, model, cfg, device, batch, case)
     first, whole = step_rows[step], step_rows[f"{step} {WHOLE_ROW}"]
     first |= {"baseline": whole["case"], "speedup": round(whole["value"] / first["value"], 3)}
-    for name, key in ((MATMUL, "vs_matmul"), (UNFUSED, "vs_unfused"), (SEPARATE_WRITE, "vs_separate_write")):
+    for name, key in ((MATMUL, "vs_matmul"), (UNFUSED, "vs_unfused")):
         if f"{step} {name}" in step_rows:
             first[key] = round(step_rows[f"{step} {name}"]["value"] / first["value"], 3)
-    engine._static.context_step, engine._static.attention, engine._static.write_in_kernel = buckets_on, "auto", True
+    engine._static.context_step, engine._static.attention = buckets_on, "auto"
     engine._static.projections.switch(True)
     if profile_steps:
         first |= profile_decode_step(engine, slots, prompt_len, cap, device, profile_steps)

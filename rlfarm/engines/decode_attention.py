@@ -10,13 +10,8 @@ merges the splits. Grouped-query: a program loads its kv head's K/V block once f
 (padded to 16 rows, the smallest tensor-core tile).
 
 Visibility is the cache's own `key_valid` mask (left padding of prompts, stale columns of an ended sample),
-loaded per block beside K: the same columns the matmul path masks. The step's new key and value are written by
-the kernel itself: the program whose split holds a row's newest column stores them there, and every program
-scores that column from the registers' key and weighs the registers' value (a load inside the same launch may or
-may not see the store), so a layer's cache write and attention are one launch where they were three (an index,
-two `index_put_`s). K and V reach the dots straight from memory: an edit of the loaded blocks would take them
-through registers, out of the loads' software pipeline. The
-decoder calls it through `write_and_attend`, which torch.compile leaves out of its graph; CUDA graphs capture it.
+loaded per block beside K: the same columns the matmul path masks. The decoder calls it, with the cache write,
+through `write_and_attend`, which torch.compile leaves out of its graph; CUDA graphs capture its two launches.
 Triton ships with CUDA builds of torch, not CPU ones: `available()` says whether it can run (it also runs under
 `TRITON_INTERPRET=1` where Triton is installed)."""
 from __future__ import annotations
@@ -40,16 +35,16 @@ class Launch:
     """How the kernel is launched: `block` columns per K/V load, `warps` and `stages` (Triton's software
     pipelining depth) per program, and `busy_programs`: fewer (row, kv head) pairs than this split their columns
     over more programs (~4 per SM of an H100/H200). `launch/device/decode_attention_sweep.py` times the choices
-    on a card."""
+    on a card: on an H200 (2026-11-30) none was better than this one over both an even and a ragged 7B batch of
+    256 rows by more than ~5 %, and (128, 4, 2), the even batch's best, makes fewer splits for a shrinking
+    batch's tail."""
     block: int = 64
     warps: int = 4
     stages: int = 3
     busy_programs: int = 528
 
 
-# the best of `decode_attention_sweep.py` on an H200 (2026-11-30) over an even and a ragged 7B batch of 256 rows:
-# 3.74 and 3.80 ms a step's 28 launches, where the first default (64, 4, 3) took 3.95 and 3.94
-LAUNCH = Launch(block=128, warps=4, stages=2)
+LAUNCH = Launch()
 
 
 def available(device: torch.device) -> bool:
@@ -61,16 +56,14 @@ def available(device: torch.device) -> bool:
 
 if triton is not None:
     @triton.jit
-    def _attend_splits(q_ptr, k_ptr, v_ptr, new_k_ptr, new_v_ptr, valid_ptr, column_ptr, acc_ptr, max_ptr, sum_ptr,
-                       out_ptr, q_stride_b, q_stride_h, k_stride_b, k_stride_h, k_stride_s, v_stride_b, v_stride_h,
-                       v_stride_s, new_k_stride_b, new_k_stride_h, new_v_stride_b, new_v_stride_h, valid_stride_b,
-                       out_stride_b, split_len, scaling,
+    def _attend_splits(q_ptr, k_ptr, v_ptr, valid_ptr, column_ptr, acc_ptr, max_ptr, sum_ptr, out_ptr,
+                       q_stride_b, q_stride_h, k_stride_b, k_stride_h, k_stride_s, v_stride_b, v_stride_h,
+                       v_stride_s, valid_stride_b, out_stride_b, split_len, scaling,
                        GROUPS: tl.constexpr, DIM: tl.constexpr, ROWS: tl.constexpr, DIMS: tl.constexpr,
-                       BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DIRECT: tl.constexpr, WRITE: tl.constexpr):
+                       BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DIRECT: tl.constexpr):
         row, head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         heads, splits = tl.num_programs(1), tl.num_programs(2)
-        newest = tl.load(column_ptr + row)
-        stop = tl.minimum((split + 1) * split_len, newest + 1)  # this row's newest column + 1
+        stop = tl.minimum((split + 1) * split_len, tl.load(column_ptr + row) + 1)  # this row's newest column + 1
         group, dim, cols = tl.arange(0, ROWS), tl.arange(0, DIMS), tl.arange(0, BLOCK_N)
         real = (group < GROUPS)[:, None] & (dim < DIM)[None, :]
         q = tl.load(q_ptr + row * q_stride_b + (head * GROUPS + group)[:, None] * q_stride_h + dim[None, :],
@@ -80,17 +73,6 @@ if triton is not None:
         acc = tl.zeros([ROWS, DIMS], tl.float32)
         k_row = k_ptr + row * k_stride_b + head * k_stride_h
         v_row = v_ptr + row * v_stride_b + head * v_stride_h
-        if WRITE:  # the step's key and value: into the cache by the split that holds the newest column
-            mine = (newest >= split * split_len) & (newest < (split + 1) * split_len)
-            written = dim < tl.where(mine, DIM, 0)  # the whole head dim in the owning split, nothing elsewhere
-            new_k = tl.load(new_k_ptr + row * new_k_stride_b + head * new_k_stride_h + dim, mask=dim < DIM,
-                            other=0.0).to(k_ptr.dtype.element_ty)
-            new_v = tl.load(new_v_ptr + row * new_v_stride_b + head * new_v_stride_h + dim, mask=dim < DIM,
-                            other=0.0).to(v_ptr.dtype.element_ty)
-            tl.store(k_row + newest * k_stride_s + dim, new_k, mask=written)
-            tl.store(v_row + newest * v_stride_s + dim, new_v, mask=written)
-            # its score, from registers: the loop's load of that column may see the store or not
-            fresh = tl.sum(q.to(tl.float32) * new_k.to(tl.float32)[None, :], 1) * scaling  # [ROWS]
         for start in range(split * split_len, stop, BLOCK_N):
             col = start + cols
             inside = col < stop
@@ -98,10 +80,6 @@ if triton is not None:
             block = inside[:, None] & (dim < DIM)[None, :]
             k = tl.load(k_row + col[:, None] * k_stride_s + dim[None, :], mask=block, other=0.0)
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scaling  # [ROWS, BLOCK_N], fp32
-            if WRITE:  # K and V go from memory to the dots untouched (so their loads stay pipelined); the newest
-                # column's score and weight are swapped for those of the registers' key and value instead
-                at_newest = (col == newest)[None, :]
-                scores = tl.where(at_newest, fresh[:, None], scores)
             scores = tl.where(seen[None, :], scores, float("-inf"))
             new_best = tl.maximum(best, tl.max(scores, 1))
             shift = tl.where(new_best == float("-inf"), 0.0, new_best)  # no column seen yet: keep zeros, not NaN
@@ -109,13 +87,7 @@ if triton is not None:
             rescale = tl.exp(best - shift)
             total = total * rescale + tl.sum(weights, 1)
             v = tl.load(v_row + col[:, None] * v_stride_s + dim[None, :], mask=block, other=0.0)
-            if WRITE:
-                fresh_weight = tl.sum(tl.where(at_newest, weights, 0.0), 1).to(v.dtype).to(tl.float32)
-                weights = tl.where(at_newest, 0.0, weights)
-                acc = acc * rescale[:, None] + fresh_weight[:, None] * new_v.to(tl.float32)[None, :]
-                acc += tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
-            else:
-                acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
+            acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
             best = new_best
         if DIRECT:  # one split: this program's result is the row's
             tl.store(out_ptr + row * out_stride_b + (head * GROUPS + group)[:, None] * DIM + dim[None, :],
@@ -152,13 +124,10 @@ if triton is not None:
 
 
 def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, key_valid: torch.Tensor,
-                     column: torch.Tensor, groups: int, scaling: float, new_key: torch.Tensor | None = None,
-                     new_value: torch.Tensor | None = None, launch: Launch | None = None) -> torch.Tensor:
+                     column: torch.Tensor, groups: int, scaling: float, launch: Launch | None = None) -> torch.Tensor:
     """query [B, heads, 1, D] (heads = kv_heads × groups), keys/values [B, kv_heads, S, D] (views of the cache,
-    unit stride in D), key_valid [B, S] bool, column [B] (each row's newest column) → [B, 1, heads × D].
-    new_key/new_value [B, kv_heads, D] (unit stride in D): written into each row's newest column first (else the
-    cache already holds it). Few rows (a shrinking batch's tail) split their columns over more programs, merged by
-    a second kernel."""
+    unit stride in D), key_valid [B, S] bool, column [B] (each row's newest written column) → [B, 1, heads × D].
+    Few rows (a shrinking batch's tail) split their columns over more programs, merged by a second kernel."""
     launch = launch or LAUNCH
     batch, kv_heads, columns, dim = keys.shape
     rows, dims = max(MIN_TILE, triton.next_power_of_2(groups)), max(MIN_TILE, triton.next_power_of_2(dim))
@@ -166,20 +135,17 @@ def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     split_len = triton.cdiv(triton.cdiv(columns, splits), launch.block) * launch.block
     splits = triton.cdiv(columns, split_len)
     q, valid = query[:, :, 0], key_valid.view(torch.uint8)
-    write = new_key is not None
-    new_key, new_value = (new_key, new_value) if write else (keys[:, :, 0], values[:, :, 0])  # unread if not write
     out = query.new_empty((batch, 1, kv_heads * groups * dim))
     partial = query.new_empty((batch, kv_heads, splits, rows, dims) if splits > 1 else (1,), dtype=torch.float32)
     best = query.new_empty((batch, kv_heads, splits, rows) if splits > 1 else (1,), dtype=torch.float32)
     total = torch.empty_like(best)
     _attend_splits[(batch, kv_heads, splits)](
-        q, keys, values, new_key, new_value, valid, column, partial, best, total, out,
+        q, keys, values, valid, column, partial, best, total, out,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0),
-        values.stride(1), values.stride(2), new_key.stride(0), new_key.stride(1), new_value.stride(0),
-        new_value.stride(1), valid.stride(0), out.stride(0), split_len, scaling,
+        values.stride(1), values.stride(2), valid.stride(0), out.stride(0), split_len, scaling,
         GROUPS=groups, DIM=dim, ROWS=rows, DIMS=dims, BLOCK_N=launch.block,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",  # fp32 models: no TF32 rounding
-        DIRECT=splits == 1, WRITE=write, num_warps=launch.warps, num_stages=launch.stages)
+        DIRECT=splits == 1, num_warps=launch.warps, num_stages=launch.stages)
     if splits > 1:
         _merge_splits[(batch, kv_heads)](partial, best, total, out, out.stride(0), splits,
                                          GROUPS=groups, DIM=dim, ROWS=rows, DIMS=dims)
@@ -189,16 +155,11 @@ def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
 @torch.compiler.disable
 def write_and_attend(keys: torch.Tensor, values: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      query: torch.Tensor, key_valid: torch.Tensor, column: torch.Tensor, groups: int,
-                     scaling: float, in_kernel: bool = True) -> torch.Tensor:
-    """Write each row's new key/value [B, kv_heads, D] into its column of the cache views and attend: in one launch
-    (`decode_attention`), or (`in_kernel` False, the baseline) by `index_put_`s first. Outside torch.compile on
-    purpose: inside (as an opaque custom op), inductor copied the written cache into a new buffer for it per layer
-    and step, 8.9 ms of a 20.8 ms 7B step on an H200."""
-    if not in_kernel:
-        rows = torch.arange(keys.shape[0], device=keys.device)
-        keys[rows, :, column] = key
-        values[rows, :, column] = value
-        return decode_attention(query, keys, values, key_valid, column, groups, scaling)
-    if key.stride(-1) != 1 or value.stride(-1) != 1:  # the kernel reads D with unit stride
-        key, value = key.contiguous(), value.contiguous()
-    return decode_attention(query, keys, values, key_valid, column, groups, scaling, key, value)
+                     scaling: float) -> torch.Tensor:
+    """Write each row's new key/value [B, kv_heads, D] into its column of the cache views, then attend
+    (`decode_attention`). Outside torch.compile on purpose: inside (as an opaque custom op), inductor copied the
+    written cache into a new buffer for it per layer and step, 8.9 ms of a 20.8 ms 7B step on an H200."""
+    rows = torch.arange(keys.shape[0], device=keys.device)
+    keys[rows, :, column] = key
+    values[rows, :, column] = value
+    return decode_attention(query, keys, values, key_valid, column, groups, scaling)

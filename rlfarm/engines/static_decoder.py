@@ -94,7 +94,7 @@ class StaticDecoder:
 
     def __init__(self, model: nn.Module, pad_id: int, cuda_graphs: bool = True, compile: bool = False,
                  max_cached_shapes: int = 3, context_step: int | None = CONTEXT_STEP, attention: str = "auto",
-                 fuse_projections: bool = True, write_in_kernel: bool = True):
+                 fuse_projections: bool = True):
         if not supports(model):
             raise ValueError(f"StaticDecoder runs {SUPPORTED_MODEL_TYPES} models with full attention")
         self.model, self.pad_id = model, pad_id
@@ -111,7 +111,6 @@ class StaticDecoder:
         if attention not in ("auto", "rows", "matmul"):
             raise ValueError(f"attention must be auto, rows or matmul, not {attention!r}")
         self.attention = attention
-        self.write_in_kernel = write_in_kernel  # the per-row kernel writes the step's key/value (else index_put_ first)
         self.projections = Projections(self.layers, self.head_dim, fuse_projections)  # q/k/v, gate/up: a GEMM each
         self.states: OrderedDict[tuple[int, int], DecodeState] = OrderedDict()
         self.last_call: Calls | None = None
@@ -288,8 +287,7 @@ class StaticDecoder:
             query, key, value = self.projections.attention(i, layer.input_layernorm(hidden), cos, sin)
             if row_kernel:  # each row reads up to its newest column
                 attended = write_and_attend(state.keys[i], state.values[i], key[:, :, 0], value[:, :, 0], query,
-                                            state.key_valid, state.column, self.groups, float(self.scaling),
-                                            self.write_in_kernel)
+                                            state.key_valid, state.column, self.groups, float(self.scaling))
             else:
                 state.keys[i][rows, :, state.column] = key[:, :, 0]
                 state.values[i][rows, :, state.column] = value[:, :, 0]
@@ -373,7 +371,7 @@ class StaticDecoder:
             decode_state.mark_dynamic(state)
         if not (self.cuda_graphs and self.device.type == "cuda"):
             return lambda: self._step(state, sampling)
-        key = (size, context, sampling, self.row_kernel, self.projections.fuse, self.write_in_kernel)
+        key = (size, context, sampling, self.row_kernel, self.projections.fuse)
         if key not in root.graphs:
             # warm up on a side stream first (compiles, and lets cuBLAS and the allocator settle); the state's
             # contents are garbage afterwards, which is why every bucket is captured before a call fills a slot

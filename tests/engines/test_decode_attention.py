@@ -50,23 +50,3 @@ def test_each_row_attends_to_its_own_columns_as_the_masked_matmuls_do(dtype, lau
     want = expected(query, keys, values, valid)
     assert out.shape == want.shape == (len(column), 1, KV_HEADS * GROUPS * DIM) and out.dtype == dtype
     torch.testing.assert_close(out.float(), want, atol=tolerance(dtype), rtol=tolerance(dtype))
-
-
-@pytest.mark.parametrize("launch", [Launch(), Launch(block=32, busy_programs=4096)])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_the_new_key_and_value_are_written_to_each_rows_column_and_attended(dtype, launch):
-    # the cache holds stale numbers in each row's newest column; the kernel writes the step's key and value there
-    # (strided views, as the decoder's rotated keys are) and attends as if they had been written first
-    query, keys, values, valid, column = ragged_cache(dtype, seed=1)
-    gen = torch.Generator(device=DEVICE).manual_seed(2)
-    new = torch.randn(2, len(column), 1, KV_HEADS, DIM, device=DEVICE, dtype=dtype, generator=gen)
-    new_key, new_value = new[0, :, 0], new[1].transpose(1, 2)[:, :, 0]
-    written_keys, written_values = keys.clone(), values.clone()
-    rows = torch.arange(len(column), device=DEVICE)
-    written_keys[rows, :, column], written_values[rows, :, column] = new_key, new_value
-    want = expected(query, written_keys, written_values, valid)
-    untouched = keys.clone()
-    out = decode_attention(query, keys, values, valid, column, GROUPS, DIM ** -0.5, new_key, new_value, launch)
-    torch.testing.assert_close(out.float(), want, atol=tolerance(dtype), rtol=tolerance(dtype))
-    assert torch.equal(keys, written_keys) and torch.equal(values, written_values)
-    assert not torch.equal(keys, untouched)  # the write happened (the stale column differed)
