@@ -66,10 +66,21 @@ class ValueTargets:
     advantages: torch.Tensor
 
 
+def critic_rows(cfg: GRPOConfig, width: int) -> int | None:
+    """Rows per critic forward: `micro_batch_size`, else as many rows of the rollout's full `width` as
+    `micro_batch_tokens` holds (at least one), else None (whole minibatches). The critic reads every row at the full
+    width (no token pieces of its own), so its budget counts the padding too: it never computes more tokens at once
+    than the policy's pieces may."""
+    if cfg.micro_batch_size:
+        return cfg.micro_batch_size
+    return max(1, cfg.micro_batch_tokens // width) if cfg.micro_batch_tokens else None
+
+
 @torch.no_grad()
 def critic_values(critic: nn.Module, inputs: tuple[torch.Tensor, torch.Tensor, int], micro_batch_size: int | None,
                   compute_dtype: torch.dtype) -> torch.Tensor:
-    """V [B, T] of the rollout's response prefixes, in micro-batches (`inputs` as `ValueTargets` holds them)."""
+    """V [B, T] of the rollout's response prefixes, in micro-batches of `micro_batch_size` rows (`critic_rows`;
+    `inputs` as `ValueTargets` holds them)."""
     input_ids, attention_mask, response_start = inputs
     step = micro_batch_size or len(input_ids)
     with autocast_to(input_ids.device, compute_dtype):
@@ -83,7 +94,7 @@ def value_targets(critic: nn.Module, rollout: Rollout, rewards: torch.Tensor, cf
     device = next(critic.parameters()).device
     mask = rollout.response_mask.to(device)
     inputs = (rollout.input_ids().to(device), rollout.attention_mask().to(device), rollout.prompt_ids.shape[1])
-    values = critic_values(critic, inputs, cfg.micro_batch_size, compute_dtype)
+    values = critic_values(critic, inputs, critic_rows(cfg, inputs[0].shape[1]), compute_dtype)
     advantages, returns = token_gae(rewards.to(device), values, mask, cfg.gamma, cfg.gae_lambda)
     return ValueTargets(inputs, mask, values, returns, whiten(advantages, mask))
 
@@ -97,11 +108,11 @@ def update_critic(critic: nn.Module, optimizer: torch.optim.Optimizer, targets: 
     mask, old_values, returns = targets.mask, targets.values, targets.returns
     device = old_values.device
     critic.train()
-    total = 0.0
+    total, piece = 0.0, critic_rows(cfg, input_ids.shape[1])
     for rows in torch.randperm(len(input_ids), device=device).chunk(cfg.minibatches):
         num_tokens = mask[rows].sum().float()
         optimizer.zero_grad(set_to_none=True)
-        for part in rows.split(cfg.micro_batch_size or len(rows)):
+        for part in rows.split(piece or len(rows)):
             with autocast_to(device, compute_dtype):
                 values = critic(input_ids[part], attention_mask[part], start)
             loss = value_loss(values, old_values[part], returns[part], mask[part], cfg.value_clip, count=num_tokens)

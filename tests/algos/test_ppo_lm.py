@@ -81,10 +81,14 @@ def test_an_update_fits_the_critic_and_raises_the_better_samples_logprobs(one_to
         assert key in metrics and torch.isfinite(torch.tensor(metrics[key])), key
 
 
-def test_critic_micro_batches_update_like_whole_minibatches(one_torch_thread):
+@pytest.mark.parametrize("piece", [{"micro_batch_size": 2}, {"micro_batch_tokens": 64}], ids=["rows", "tokens"])
+def test_critic_micro_batches_update_like_whole_minibatches(piece, one_torch_thread):
+    # by rows, or by a token budget (the policy's pieces by tokens; the critic takes as many full-width rows as fit)
     generated = EngineRole(CFG).generate()
     rewards = TextLabeler(CFG).score(generated)
-    whole, pieces = LMLearner(CFG), LMLearner(dataclasses.replace(CFG, micro_batch_size=2))
+    whole, pieces = LMLearner(CFG), LMLearner(dataclasses.replace(CFG, **piece))
+    widths = []
+    pieces.critic.model.register_forward_pre_hook(lambda module, args: widths.append(args[0].numel()))
     results = []
     for learner in (whole, pieces):
         torch.manual_seed(1)  # the same minibatch permutations
@@ -93,6 +97,8 @@ def test_critic_micro_batches_update_like_whole_minibatches(one_torch_thread):
         assert results[1][key] == pytest.approx(results[0][key], rel=1e-5, abs=1e-6), key
     for (name, a), (_, b) in zip(whole.critic.model.named_parameters(), pieces.critic.model.named_parameters()):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=name)
+    budget = piece.get("micro_batch_tokens") or 2 * generated[0].input_ids().shape[1]
+    assert widths and max(widths) <= budget  # no critic forward held more tokens than the budget
 
 
 def test_a_checkpoint_holds_the_critic_and_its_optimizer(tmp_path, one_torch_thread):
