@@ -39,6 +39,8 @@ class Family:
     memory: str | None = None  # "module:function" (cfg, plan) -> lines: `rlfarm plan`'s GPU memory estimate
     not_evaluated: str | None = None  # why `rlfarm eval` does not play its runs and where their scores are
                                       # (None: eval plays its policy on its env)
+    mps_clients: tuple[str, ...] = ()  # the roles that become clients of the run's MPS daemon (`topology.mps`,
+                                       # rlfarm/mps.py); () refuses the option
 
     def places(self, role: str) -> bool:
         return role in self.roles or role in self.optional_roles
@@ -67,6 +69,7 @@ OFFPOLICY = Family(
     loop="rlfarm.loops.offpolicy:OffPolicyLoop",
     roles=("learner", "env_runner", "labeler"),
     learner_ranks=True,  # IMPALA/APPO's actor-learner ranks (rlfarm/roles/actor_learner.py); the rules refuse them for SAC
+    mps_clients=("labeler",),  # the reward GPUs' sharers (rlfarm/loops/roles.py)
     rules="rlfarm.config.family_rules:check_offpolicy",
     paragraph="rlfarm.telemetry.summary:offpolicy_paragraph",
     columns=OFFPOLICY_COLUMNS,

@@ -252,6 +252,8 @@ CASES = [
     pytest.param(["train", "topology.mps=true"], "needs NVIDIA's MPS control program (nvidia-cuda-mps-control)",
                  id="mps-without-the-driver", marks=pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is not None,
                                                                       reason="this machine has MPS")),
+    pytest.param(["train", "experiment=grpo_digits", "topology.mps=true"],
+                 "algo.family=llm has no role that would use it", id="mps-without-labelers"),
     # VLA family
     pytest.param(["train", "experiment=simplevla", "model=hf_vla", "model.source={tmp}/no-llava"],
                  "model.source: no such folder", id="vla-checkpoint-missing"),
