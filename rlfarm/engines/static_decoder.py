@@ -115,7 +115,12 @@ class StaticDecoder:
         self.states: OrderedDict[tuple[int, int], DecodeState] = OrderedDict()
         self.last_call: Calls | None = None
         # compile fuses the many small kernels of a step (norms, rotary, noise, sampling) before graph capture;
-        # slots and cache length are marked dynamic (`decode_state.mark_dynamic`): one compilation for all shapes
+        # slots and cache length are marked dynamic (`decode_state.mark_dynamic`): one compilation for all shapes.
+        # With the per-row kernel (outside the graph: `write_and_attend`) the break falls inside the layer loop,
+        # where dynamo cannot resume: `_forward_next` then runs eagerly and only what it calls is compiled, frame
+        # by frame (norms, projections with rotary, MLP); the residual adds and the head stay eager. On an H200 the
+        # fully compiled matmul path spent about as long outside its GEMMs and attention as this one (~2.4-2.5 ms
+        # of a 7B step, docs/benchmarks.md): the lost fusion is not where the step's time goes
         self.compiled = compile
         self._sample_fn = torch.compile(self._sample_and_record) if compile else self._sample_and_record
         self._forward_fn = torch.compile(self._forward_next) if compile else self._forward_next
