@@ -23,8 +23,11 @@ transformers' wrapper running the original forward under `torch.utils.checkpoint
 hooks (FSDP2's all-gather and reshard, DDP's) runs around it. It is applied last, by `grpo_lm.update_policy` at its
 first call (the learner's ranks wrapped the model when they joined), after `shard_model`: `fully_shard`
 gives each block a subclass (FSDPQwen2DecoderLayer) whose forward transformers wraps again, and a forward bound
-before that would skip the checkpoint (`shard_model` refuses a compiled block). Not `block.compile()`: that compiles
-`__call__`, FSDP2's hooks included; nor `torch.compile(block)` in its place: the wrapper module renames every
+before that would skip the checkpoint (`shard_model` refuses a compiled block).
+Before transformers 5.23 (the GPU machine has 5.17) the checkpoint sat in `GradientCheckpointingLayer.__call__`,
+around `nn.Module.__call__`, so it stayed eager around the compiled forward (the GPU test found no checkpoint in the
+graph); there the block's class gets `nn.Module.__call__` back and the compiled function is `_checkpointed`, what
+5.23 wraps a forward in. Not `block.compile()`: that compiles `__call__`, FSDP2's hooks included; nor `torch.compile(block)` in its place: the wrapper module renames every
 parameter (`_orig_mod.`), and weight sync and checkpoints go by name.
 
 Attention: the packed forward's attention is traced with the rest (`rlfarm.models.packed`): on CUDA `varlen_attn` is
@@ -36,6 +39,8 @@ graphs (forward, backward, the checkpointed region) but run them with eager kern
 toolchain and compile in seconds; what inductor generates is only seen on a GPU.
 """
 from __future__ import annotations
+
+from functools import cache, partial
 
 import torch
 from torch import nn
@@ -58,8 +63,35 @@ def compile_layers(model: nn.Module, device: torch.device | str, backend: str | 
                          f"(_no_split_modules); set algo.compile_layers=false")
     fresh = [block for block in blocks if not is_compiled(block)]
     for block in fresh:
-        block.forward = torch.compile(block.forward, backend=backend or compile_backend(device), dynamic=True)
+        forward = block.forward
+        if _checkpoints_in_call(block):  # transformers < 5.23: move the checkpoint inside the compiled forward
+            block.__class__ = _plain_call(type(block))
+            forward = partial(_checkpointed, block, forward)
+        block.forward = torch.compile(forward, backend=backend or compile_backend(device), dynamic=True)
     return len(fresh)
+
+
+def _checkpoints_in_call(block: nn.Module) -> bool:
+    """transformers < 5.23 checkpoints a block in `GradientCheckpointingLayer.__call__`, around `nn.Module.__call__`
+    (hooks and the compiled forward inside, the checkpoint eager); 5.23 on wraps the class's `forward` instead."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return False
+    return isinstance(block, GradientCheckpointingLayer) and "__call__" in vars(GradientCheckpointingLayer)
+
+
+@cache
+def _plain_call(cls: type) -> type:
+    """`cls` with `nn.Module.__call__` back (its hooks only): the checkpoint moves into `_checkpointed`."""
+    return type(cls.__name__, (cls,), {"__call__": nn.Module.__call__, "__module__": cls.__module__})
+
+
+def _checkpointed(block: nn.Module, forward, *args, **kwargs):
+    """What transformers >= 5.23 wraps a block's forward in (training use: no cache to drop)."""
+    if block.gradient_checkpointing and block.training and torch.is_grad_enabled():
+        return block._gradient_checkpointing_func(partial(forward, **kwargs), *args)
+    return forward(*args, **kwargs)
 
 
 def is_compiled(block: nn.Module) -> bool:
