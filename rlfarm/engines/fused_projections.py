@@ -130,12 +130,8 @@ class Projections:
         return project(self.layers[i].self_attn, x, cos, sin, self.head_dim, self.qkv[i])
 
     def mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        """Layer i's MLP on x: down(act(gate(x)) · up(x)), gate and up from one GEMM where fused."""
-        mlp, fused = self.layers[i].mlp, self.gate_up[i]
-        if fused is None:
-            return mlp(x)
-        gate, up = fused(x)
-        return mlp.down_proj(mlp.act_fn(gate) * up)
+        """Layer i's MLP on x (`mlp_of`)."""
+        return mlp_of(self.layers[i].mlp, self.gate_up[i], x)
 
     def refresh(self) -> bool:
         """Re-fuse every group whose parameters got new storage; whether any did."""
@@ -147,6 +143,14 @@ class Projections:
 
     def groups(self) -> list[Fused]:
         return [fused for fused in self.qkv + self.gate_up if fused is not None]
+
+
+def mlp_of(mlp: nn.Module, gate_up: Fused | None, x: torch.Tensor) -> torch.Tensor:
+    """A Llama-family MLP on x: down(act(gate(x)) · up(x)), gate and up from one GEMM where fused (`gate_up`)."""
+    if gate_up is None:
+        return mlp(x)
+    gate, up = gate_up(x)
+    return mlp.down_proj(mlp.act_fn(gate) * up)
 
 
 def gated(mlp: nn.Module) -> bool:

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlfarm.engines import decode_state
+from rlfarm.engines import decode_layers, decode_state
 from rlfarm.engines.decode_attention import available as row_kernel_available, write_and_attend
 from rlfarm.engines.base import hits_stop
 from rlfarm.engines.buckets import CACHE_ROUNDING, CONTEXT_STEP, buckets, contexts
@@ -117,10 +117,8 @@ class StaticDecoder:
         # compile fuses the many small kernels of a step (norms, rotary, noise, sampling) before graph capture;
         # slots and cache length are marked dynamic (`decode_state.mark_dynamic`): one compilation for all shapes.
         # With the per-row kernel (outside the graph: `write_and_attend`) the break falls inside the layer loop,
-        # where dynamo cannot resume: `_forward_next` then runs eagerly and only what it calls is compiled, frame
-        # by frame (norms, projections with rotary, MLP); the residual adds and the head stay eager. On an H200 the
-        # fully compiled matmul path spent about as long outside its GEMMs and attention as this one (~2.4-2.5 ms
-        # of a 7B step, docs/benchmarks.md): the lost fusion is not where the step's time goes
+        # where dynamo cannot resume: `_forward_next` then runs eagerly and what it calls is compiled, frame by
+        # frame, once for all layers (`rlfarm.engines.decode_layers`)
         self.compiled = compile
         self._sample_fn = torch.compile(self._sample_and_record) if compile else self._sample_and_record
         self._forward_fn = torch.compile(self._forward_next) if compile else self._forward_next
@@ -276,20 +274,16 @@ class StaticDecoder:
     def _forward_next(self, state: DecodeState) -> None:
         """Feed `next_input` at `position`, its key/value into cache `column`; logits of what follows. The state may
         be a context bucket's view: a running row's column lies inside it; an ended or empty row's is clamped
-        into it (its writes land in its own row, which its next sample's prefill resets)."""
-        batch, last = state.column.shape[0], state.key_valid.shape[1] - 1
-        state.position.clamp_(max=last)
-        state.column.clamp_(max=last)
-        state.key_valid.scatter_(1, state.column.unsqueeze(1), True)
+        into it (its writes land in its own row, which its next sample's prefill resets). Its pieces take each
+        layer's modules, not its index (`rlfarm.engines.decode_layers` says why)."""
+        hidden, cos, sin = decode_layers.enter(self.base.model.embed_tokens, state)
         visible, row_kernel = state.key_valid[:, None, None, :], self.row_kernel  # visible [B, 1, 1, S]
-        cos, sin = state.cos[state.position].unsqueeze(1), state.sin[state.position].unsqueeze(1)  # [B, 1, D]
         # each row's key/value into its own column by index_put_: inductor writes just those elements in place,
         # where scatter_ on the cache became a pass over the whole cache and a copy back, per layer and step
-        rows = torch.arange(batch, device=state.column.device)
-        hidden = self.base.model.embed_tokens(state.next_input.unsqueeze(1))  # [B, 1, H]
+        rows = torch.arange(state.column.shape[0], device=state.column.device)
         for i, layer in enumerate(self.layers):
-            attention = layer.self_attn
-            query, key, value = self.projections.attention(i, layer.input_layernorm(hidden), cos, sin)
+            query, key, value = decode_layers.open_layer(layer, self.projections.qkv[i], hidden, cos, sin,
+                                                         self.head_dim)
             if row_kernel:  # each row reads up to its newest column
                 attended = write_and_attend(state.keys[i], state.values[i], key[:, :, 0], value[:, :, 0], query,
                                             state.key_valid, state.column, self.groups, float(self.scaling))
@@ -297,12 +291,8 @@ class StaticDecoder:
                 state.keys[i][rows, :, state.column] = key[:, :, 0]
                 state.values[i][rows, :, state.column] = value[:, :, 0]
                 attended = attend_cache(query, state.keys[i], state.values[i], visible, self.groups, self.scaling)
-            hidden = hidden + attention.o_proj(attended)
-            hidden = hidden + self.projections.mlp(i, layer.post_attention_layernorm(hidden))
-        state.logits.copy_(self.base.lm_head(self.base.model.norm(hidden))[:, -1])
-        state.logits_version.copy_(state.version.expand(batch))
-        state.position.add_(1)  # an ended row keeps stepping (its output is not read); clamped at the next step
-        state.column.add_(1)
+            hidden = decode_layers.finish_layer(layer, self.projections.gate_up[i], hidden, attended)
+        decode_layers.close(self.base.model.norm, self.base.lm_head, hidden, state)
 
     # -- a sample takes a slot ------------------------------------------------------------------------
     def _prefill(self, state: DecodeState, prompt: torch.Tensor, prompt_mask: torch.Tensor, n: int,
