@@ -39,8 +39,8 @@ class Family:
     memory: str | None = None  # "module:function" (cfg, plan) -> lines: `rlfarm plan`'s GPU memory estimate
     not_evaluated: str | None = None  # why `rlfarm eval` does not play its runs and where their scores are
                                       # (None: eval plays its policy on its env)
-    mps_clients: tuple[str, ...] = ()  # the roles that become clients of the run's MPS daemon (`topology.mps`,
-                                       # rlfarm/mps.py); () refuses the option
+    mps_clients: tuple[str, ...] = ()  # the roles its loop starts as clients of the run's MPS daemon
+                                       # (`topology.mps`, rlfarm/mps.py); () refuses the option
 
     def places(self, role: str) -> bool:
         return role in self.roles or role in self.optional_roles

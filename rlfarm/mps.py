@@ -46,14 +46,19 @@ def wants_mps(cfg: DictConfig) -> bool:
     return bool(cfg.topology.get("mps", False))
 
 
+def check_mps_family(cfg: DictConfig) -> None:
+    """topology.mps=true only for a family whose record names MPS clients (`rlfarm plan` checks this too)."""
+    family = family_of(cfg)
+    if wants_mps(cfg) and not family.mps_clients:
+        raise ConfigError(f"topology.mps=true makes the labeling farm's labelers share their GPUs through MPS, and "
+                          f"algo.family={family.name} has no role that would use it", "set topology.mps=false")
+
+
 def check_mps(cfg: DictConfig) -> None:
     """Before anything starts (preflight): a run can start its own daemon. ConfigError (one line) otherwise."""
     if not wants_mps(cfg):
         return
-    family = family_of(cfg)
-    if not family.mps_clients:
-        raise ConfigError(f"topology.mps=true makes the labeling farm's labelers share their GPUs through MPS, and "
-                          f"algo.family={family.name} has no role that would use it", "set topology.mps=false")
+    check_mps_family(cfg)
     if cfg.ray.get("address"):
         raise ConfigError(f"topology.mps=true starts an MPS daemon for a private local cluster, not for one joined at "
                           f"ray.address={cfg.ray.address}",

@@ -5,8 +5,12 @@
 # written inline as `source setup.sh && (A) & B`, bash backgrounds `source && A` as one list, so B starts at once
 # without the set-up, and a `mkdir` inside that list may not have run yet (session 10 lost two GPU-halves of
 # calls to it). Each command runs as `bash -c` with CUDA_VISIBLE_DEVICES=i and OUT=$OUT/g<i>; its output goes to
-# $OUT/g<i>/run.log, whose tail is printed when all have ended. The exit status is the number of commands that failed.
+# $OUT/g<i>/run.log, whose tail is printed when all have ended. Exit status: how many commands failed.
 set -uo pipefail
+if [ $# -eq 0 ]; then
+  echo "usage: bash launch/device/on_gpus.sh 'CMD for GPU 0' ['CMD for GPU 1' ...]" >&2
+  exit 2
+fi
 if [ -f .devpkgs/setup.sh ]; then
   source .devpkgs/setup.sh
 fi

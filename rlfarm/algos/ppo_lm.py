@@ -69,8 +69,8 @@ class ValueTargets:
 def critic_rows(cfg: GRPOConfig, width: int) -> int | None:
     """Rows per critic forward: `micro_batch_size`, else as many rows of the rollout's full `width` as
     `micro_batch_tokens` holds (at least one), else None (whole minibatches). The critic reads every row at the full
-    width (no token pieces of its own), so its budget counts the padding too: it never computes more tokens at once
-    than the policy's pieces may."""
+    width (no token pieces of its own), so its budget counts the padding too; a budget below one row's width still
+    runs one row at a time."""
     if cfg.micro_batch_size:
         return cfg.micro_batch_size
     return max(1, cfg.micro_batch_tokens // width) if cfg.micro_batch_tokens else None

@@ -25,8 +25,8 @@ from rlfarm.run import is_run_dir, resume_checkpoint, saved_config
 log = logging.getLogger("rlfarm")
 
 # Keys that only bound or place a run: on resume, the command line may change them (a longer budget, another
-# cluster); everything else comes from the saved config.
-RESUME_OVERRIDABLE = ("total_env_steps", "algo.max_updates", "run", "ray")
+# cluster, GPU sharing through MPS or not); everything else comes from the saved config.
+RESUME_OVERRIDABLE = ("total_env_steps", "algo.max_updates", "run", "ray", "topology.mps")
 
 
 def override_key(override: str) -> str:

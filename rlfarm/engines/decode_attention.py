@@ -35,9 +35,10 @@ class Launch:
     """How the kernel is launched: `block` columns per K/V load, `warps` and `stages` (Triton's software
     pipelining depth) per program, and `busy_programs`: fewer (row, kv head) pairs than this split their columns
     over more programs (~4 per SM of an H100/H200). `launch/device/decode_attention_sweep.py` times the choices
-    on a card: on an H200 (2026-11-30) none was better than this one over both an even and a ragged 7B batch of
-    256 rows by more than ~5 %, and (128, 4, 2), the even batch's best, makes fewer splits for a shrinking
-    batch's tail."""
+    on a card. On an H200 (2026-11-30) (128, 4, 2) took 4 % less than this one over 256 rows (2.78 vs 2.90 ms a
+    7B step's launches, even batch; 2.52 vs 2.63 ragged), but it makes half the splits for a shrinking batch's
+    tail, and the one refill run with it (which also had another variant of the kernel) was slower: this stays the
+    default until a whole run says otherwise (docs/benchmarks.md)."""
     block: int = 64
     warps: int = 4
     stages: int = 3

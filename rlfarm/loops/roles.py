@@ -9,6 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rlfarm.envs.spaces import env_policy_dims
+from rlfarm.families import family_of
 from rlfarm.loops.deadlines import RoleUnresponsive
 from rlfarm.loops.learner_group import LearnerGroup, start_ranks
 from rlfarm.mps import client_options
@@ -87,6 +88,7 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
     kwargs = as_dict(cfg.env.kwargs) if cfg.env.get("kwargs") else {}
     spaces = env_policy_dims(str(cfg.env.id), kwargs)  # before any actor: a bad env fails here, in one line
     learner_class = LEARNERS[str(algo.name)]
+    mps_clients = family_of(cfg).mps_clients  # the roles that share their GPUs through the run's MPS daemon
     env_cfg = as_dict(cfg.env)
     if frame_size is not None:  # runners render: off the learner's GPU where the topology leaves one free
         env_cfg["render_gpus"] = render_gpus_for_runners(env_cfg.get("render_gpus"), placed, float(cfg.run.restart_timeout_s))
@@ -102,7 +104,7 @@ def start_offpolicy_roles(cfg: DictConfig, placed: PlacedTopology, quarantine_di
         for p in runner_places]
     labelers = [
         ray.remote(Labeler).options(**placed.options(p), max_concurrency=CONCURRENCY, **restartable,
-                                    **client_options()).remote(
+                                    **(client_options() if "labeler" in mps_clients else {})).remote(
             p.index, as_dict(cfg.reward), int(cfg.labeler.bus_items), float(cfg.labeler.bus_timeout_s), p.threads,
             quarantine_dir)
         for p in plan.of("labeler")]

@@ -254,6 +254,8 @@ CASES = [
                                                                       reason="this machine has MPS")),
     pytest.param(["train", "experiment=grpo_digits", "topology.mps=true"],
                  "algo.family=llm has no role that would use it", id="mps-without-labelers"),
+    pytest.param(["plan", "experiment=grpo_digits", "topology.mps=true"],
+                 "algo.family=llm has no role that would use it", id="plan-mps-without-labelers"),
     # VLA family
     pytest.param(["train", "experiment=simplevla", "model=hf_vla", "model.source={tmp}/no-llava"],
                  "model.source: no such folder", id="vla-checkpoint-missing"),

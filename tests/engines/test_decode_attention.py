@@ -41,10 +41,12 @@ def tolerance(dtype):
     return 1e-5 if dtype == torch.float32 else 2e-2
 
 
-@pytest.mark.parametrize("launch", [Launch(), Launch(block=32, warps=2, stages=2, busy_programs=4096)])
+@pytest.mark.parametrize("launch", [Launch(), Launch(block=32, warps=2, stages=2, busy_programs=4096),
+                                    Launch(busy_programs=1)], ids=["default", "more-splits", "one-split"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_each_row_attends_to_its_own_columns_as_the_masked_matmuls_do(dtype, launch):
-    # the second launch splits every row's columns over several programs (its merge kernel) in smaller blocks
+    # 9 rows: the default splits each row's columns over 3 programs and merges them, the second over more in smaller
+    # blocks, the third writes each (row, kv head)'s result straight from its one program (no merge kernel)
     query, keys, values, valid, column = ragged_cache(dtype)
     out = decode_attention(query, keys, values, valid, column, GROUPS, DIM ** -0.5, launch=launch)
     want = expected(query, keys, values, valid)
