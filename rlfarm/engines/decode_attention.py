@@ -10,8 +10,9 @@ merges the splits. Grouped-query: a program loads its kv head's K/V block once f
 (padded to 16 rows, the smallest tensor-core tile).
 
 Visibility is the cache's own `key_valid` mask (left padding of prompts, stale columns of an ended sample),
-loaded per block beside K: the same columns the matmul path masks. The decoder calls it, with the cache write,
-through `write_and_attend`, which torch.compile leaves out of its graph; CUDA graphs capture its two launches.
+loaded per block beside K: the same columns the matmul path masks. The decoder calls it
+through `attend_rows`, which torch.compile leaves out of its graph, after its compiled pieces wrote the step's keys
+and values into the cache (`rlfarm.engines.decode_layers`); CUDA graphs capture its launches.
 Triton ships with CUDA builds of torch, not CPU ones: `available()` says whether it can run (it also runs under
 `TRITON_INTERPRET=1` where Triton is installed)."""
 from __future__ import annotations
@@ -154,13 +155,9 @@ def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
 
 
 @torch.compiler.disable
-def write_and_attend(keys: torch.Tensor, values: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     query: torch.Tensor, key_valid: torch.Tensor, column: torch.Tensor, groups: int,
-                     scaling: float) -> torch.Tensor:
-    """Write each row's new key/value [B, kv_heads, D] into its column of the cache views, then attend
-    (`decode_attention`). Outside torch.compile on purpose: inside (as an opaque custom op), inductor copied the
-    written cache into a new buffer for it per layer and step, 8.9 ms of a 20.8 ms 7B step on an H200."""
-    rows = torch.arange(keys.shape[0], device=keys.device)
-    keys[rows, :, column] = key
-    values[rows, :, column] = value
+def attend_rows(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, key_valid: torch.Tensor,
+                column: torch.Tensor, groups: int, scaling: float) -> torch.Tensor:
+    """`decode_attention` outside torch.compile, on purpose: inside (as an opaque custom op, when it also wrote the
+    cache), inductor copied the cache into a new buffer for it per layer and step, 8.9 ms of a 20.8 ms 7B step on an
+    H200. The decoder writes the step's keys and values first, in its compiled pieces (`decode_layers.open_layer`)."""
     return decode_attention(query, keys, values, key_valid, column, groups, scaling)

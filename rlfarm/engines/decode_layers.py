@@ -1,6 +1,7 @@
 """The decode step's forward in pieces that take a layer's modules (and its fused projections) as arguments, never
-an index into the model: `enter` (counters, rotary rows, embedding), `open_layer` (norm, q/k/v, rotary),
-`finish_layer` (o_proj, residual, norm, MLP, residual) and `close` (final norm, head, counters).
+an index into the model: `enter` (counters, rotary rows, embedding), `open_layer` (norm, q/k/v, rotary, the cache
+write), `finish_layer` (o_proj, residual, norm, MLP, residual), `between` (one layer's finish and the next one's
+open) and `close` (final norm, head, counters). The attention between them is the decoder's.
 
 Why arguments and not indices: with the per-row kernel (`rlfarm.engines.decode_attention`, outside torch.compile)
 the step's graph breaks inside its layer loop, where dynamo cannot resume, so `StaticDecoder._forward_next` runs
@@ -32,9 +33,16 @@ def enter(embed: nn.Module, state) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 
 def open_layer(layer: nn.Module, qkv: Fused | None, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The layer's rotated query, key and value of `hidden` (`qkv`: its fused projection, None: the modules')."""
-    return project(layer.self_attn, layer.input_layernorm(hidden), cos, sin, head_dim, qkv)
+               head_dim: int, keys: torch.Tensor, values: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
+    """The layer's rotated query of `hidden` [B, heads, 1, D]; its key and value written into each row's `column` of
+    the layer's cache views `keys`/`values` [B, kv_heads, S, D] (`qkv`: its fused projection, None: the modules').
+    The write is an index_put_: inductor writes just those elements in place, where scatter_ on the cache became a
+    pass over the whole cache and a copy back, per layer and step."""
+    query, key, value = project(layer.self_attn, layer.input_layernorm(hidden), cos, sin, head_dim, qkv)
+    rows = torch.arange(keys.shape[0], device=keys.device)
+    keys[rows, :, column] = key[:, :, 0]
+    values[rows, :, column] = value[:, :, 0]
+    return query
 
 
 def finish_layer(layer: nn.Module, gate_up: Fused | None, hidden: torch.Tensor, attended: torch.Tensor
@@ -42,6 +50,15 @@ def finish_layer(layer: nn.Module, gate_up: Fused | None, hidden: torch.Tensor, 
     """The rest of the layer after its attention: hidden + o_proj(attended), then + its MLP of the normed sum."""
     hidden = hidden + layer.self_attn.o_proj(attended)
     return hidden + mlp_of(layer.mlp, gate_up, layer.post_attention_layernorm(hidden))
+
+
+def between(layer: nn.Module, gate_up: Fused | None, hidden: torch.Tensor, attended: torch.Tensor,
+            following: nn.Module, qkv: Fused | None, cos: torch.Tensor, sin: torch.Tensor, head_dim: int,
+            keys: torch.Tensor, values: torch.Tensor, column: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`finish_layer` of one layer and `open_layer` of the `following` one in one piece (its last residual add
+    fuses with the next norm): (hidden, the following layer's query)."""
+    hidden = finish_layer(layer, gate_up, hidden, attended)
+    return hidden, open_layer(following, qkv, hidden, cos, sin, head_dim, keys, values, column)
 
 
 def close(norm: nn.Module, head: nn.Module, hidden: torch.Tensor, state) -> None:

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlfarm.engines import decode_layers, decode_state
-from rlfarm.engines.decode_attention import available as row_kernel_available, write_and_attend
+from rlfarm.engines.decode_attention import attend_rows, available as row_kernel_available
 from rlfarm.engines.base import hits_stop
 from rlfarm.engines.buckets import CACHE_ROUNDING, CONTEXT_STEP, buckets, contexts
 from rlfarm.engines.decode_state import DecodeState
@@ -116,7 +116,7 @@ class StaticDecoder:
         self.last_call: Calls | None = None
         # compile fuses the many small kernels of a step (norms, rotary, noise, sampling) before graph capture;
         # slots and cache length are marked dynamic (`decode_state.mark_dynamic`): one compilation for all shapes.
-        # With the per-row kernel (outside the graph: `write_and_attend`) the break falls inside the layer loop,
+        # With the per-row kernel (outside the graph: `attend_rows`) the break falls inside the layer loop,
         # where dynamo cannot resume: `_forward_next` then runs eagerly and what it calls is compiled, frame by
         # frame, once for all layers (`rlfarm.engines.decode_layers`)
         self.compiled = compile
@@ -278,20 +278,21 @@ class StaticDecoder:
         layer's modules, not its index (`rlfarm.engines.decode_layers` says why)."""
         hidden, cos, sin = decode_layers.enter(self.base.model.embed_tokens, state)
         visible, row_kernel = state.key_valid[:, None, None, :], self.row_kernel  # visible [B, 1, 1, S]
-        # each row's key/value into its own column by index_put_: inductor writes just those elements in place,
-        # where scatter_ on the cache became a pass over the whole cache and a copy back, per layer and step
-        rows = torch.arange(state.column.shape[0], device=state.column.device)
-        for i, layer in enumerate(self.layers):
-            query, key, value = decode_layers.open_layer(layer, self.projections.qkv[i], hidden, cos, sin,
-                                                         self.head_dim)
+        layers, qkv, gate_up = self.layers, self.projections.qkv, self.projections.gate_up
+        query = decode_layers.open_layer(layers[0], qkv[0], hidden, cos, sin, self.head_dim, state.keys[0],
+                                         state.values[0], state.column)
+        for i, layer in enumerate(layers):
             if row_kernel:  # each row reads up to its newest column
-                attended = write_and_attend(state.keys[i], state.values[i], key[:, :, 0], value[:, :, 0], query,
-                                            state.key_valid, state.column, self.groups, float(self.scaling))
+                attended = attend_rows(query, state.keys[i], state.values[i], state.key_valid, state.column,
+                                       self.groups, float(self.scaling))
             else:
-                state.keys[i][rows, :, state.column] = key[:, :, 0]
-                state.values[i][rows, :, state.column] = value[:, :, 0]
                 attended = attend_cache(query, state.keys[i], state.values[i], visible, self.groups, self.scaling)
-            hidden = decode_layers.finish_layer(layer, self.projections.gate_up[i], hidden, attended)
+            if i + 1 < len(layers):
+                hidden, query = decode_layers.between(layer, gate_up[i], hidden, attended, layers[i + 1], qkv[i + 1],
+                                                      cos, sin, self.head_dim, state.keys[i + 1],
+                                                      state.values[i + 1], state.column)
+            else:
+                hidden = decode_layers.finish_layer(layer, gate_up[i], hidden, attended)
         decode_layers.close(self.base.model.norm, self.base.lm_head, hidden, state)
 
     # -- a sample takes a slot ------------------------------------------------------------------------

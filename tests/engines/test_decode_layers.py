@@ -28,7 +28,7 @@ def test_a_step_that_breaks_in_its_layer_loop_compiles_each_piece_once_for_all_l
     b = eager.generate(prompts, n=2, max_new_tokens=6, temperature=1.0, eos_id=EOS)
     assert torch.equal(a.response_ids, b.response_ids)
     torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
-    # the sampling step, enter, open_layer, finish_layer, close, the layers' norm: each once (a piece keyed by a
+    # the sampling step, enter, open_layer, between, finish_layer, close: each once (a piece keyed by a
     # layer index compiled up to recompile_limit times, then left the rest of the layers eager)
     assert counters["stats"]["unique_graphs"] <= 8, dict(counters["stats"])
     assert not any("recompile_limit" in str(key) for key in counters["graph_break"]), dict(counters["graph_break"])
