@@ -159,5 +159,6 @@ def attend_rows(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k
                 column: torch.Tensor, groups: int, scaling: float) -> torch.Tensor:
     """`decode_attention` outside torch.compile, on purpose: inside (as an opaque custom op, when it also wrote the
     cache), inductor copied the cache into a new buffer for it per layer and step, 8.9 ms of a 20.8 ms 7B step on an
-    H200. The decoder writes the step's keys and values first, in its compiled pieces (`decode_layers.open_layer`)."""
+    H200. The decoder writes the step's keys and values first, in its compiled pieces (`decode_layers.open_layer`, and
+    `between` for every layer after the first)."""
     return decode_attention(query, keys, values, key_valid, column, groups, scaling)

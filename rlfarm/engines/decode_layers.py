@@ -11,7 +11,9 @@ attention(i, ...)`, as before) was compiled again for every index, guarded on `i
 unfused kernels, found on a CPU in session 10 (`tests/engines/test_decode_layers.py` counts the compilations). A
 frame that takes the modules compiles once for all layers of one class: dynamo guards on their type and structure
 and reads their parameters as graph inputs. Where the whole step compiles (the matmul path) these are inlined into
-its one graph, as before."""
+its one graph, as before. What does add a compilation: a fused group beside an unfused one (dynamo tells `Fused`
+from None: e.g. LoRA on some layers only, `layers_to_transform`) and a piece's second batch size (after which its
+batch dimension is symbolic); each counts against the same `recompile_limit`."""
 from __future__ import annotations
 
 import torch

@@ -109,7 +109,8 @@ def _block_of(whole: torch.Tensor, params: Sequence[torch.Tensor]) -> bool:
 
 class Projections:
     """Every layer's q/k/v and gate/up, each group one `Fused` GEMM where it can be (`fuse` False: none is), else
-    the modules' own forwards. Called from the decoder's step by layer index."""
+    the modules' own forwards. The prefill calls it by layer index; the decode step passes each layer's `qkv[i]` and
+    `gate_up[i]` to its pieces (`rlfarm.engines.decode_layers`)."""
 
     def __init__(self, layers: Sequence[nn.Module], head_dim: int, fuse: bool = True):
         self.layers, self.head_dim = layers, head_dim

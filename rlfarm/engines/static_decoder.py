@@ -277,7 +277,8 @@ class StaticDecoder:
         into it (its writes land in its own row, which its next sample's prefill resets). Its pieces take each
         layer's modules, not its index (`rlfarm.engines.decode_layers` says why)."""
         hidden, cos, sin = decode_layers.enter(self.base.model.embed_tokens, state)
-        visible, row_kernel = state.key_valid[:, None, None, :], self.row_kernel  # visible [B, 1, 1, S]
+        row_kernel = self.row_kernel
+        visible = None if row_kernel else state.key_valid[:, None, None, :]  # the matmul path's mask [B, 1, 1, S]
         layers, qkv, gate_up = self.layers, self.projections.qkv, self.projections.gate_up
         query = decode_layers.open_layer(layers[0], qkv[0], hidden, cos, sin, self.head_dim, state.keys[0],
                                          state.values[0], state.column)
