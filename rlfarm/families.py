@@ -52,7 +52,11 @@ class Family:
         load(self.rules)(cfg)
 
     def check_plan(self, cfg: DictConfig, plan) -> None:
-        """Before anything starts (preflight, then again in the run): the topology as planned (`rlfarm.topology.Plan`)."""
+        """Before anything starts (preflight, then again in the run): the topology as planned (`rlfarm.topology.Plan`),
+        and `topology.mps` only where a role of this family would be the daemon's client."""
+        if cfg.topology.get("mps", False) and not self.mps_clients:
+            raise ConfigError(f"topology.mps=true makes the labeling farm's labelers share their GPUs through MPS, and "
+                              f"algo.family={self.name} has no role that would use it", "set topology.mps=false")
         if self.plan_rules:
             load(self.plan_rules)(cfg, plan)
 

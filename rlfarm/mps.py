@@ -8,7 +8,8 @@ context's would. EGL renderers are not CUDA clients: MPS does not change how the
 it has its GPU to itself, and a SAC learner lives on launch latency (in the one run where every GPU process of the run
 was a client, 2x H200 2026-11-30, its updates ran at 1,371/s with its GPU 45 % busy, about half its bench; not
 measured apart from other causes). Only the labeling farm's labelers are clients (rlfarm/loops/roles.py; a family's
-`mps_clients`); the other families refuse the option at preflight, since no role of theirs would use the daemon.
+`mps_clients`); the other families refuse the option with their plan (`Family.check_plan`), since no role of
+theirs would use the daemon.
 
 The daemon is the run's own: its pipe directory (a fresh one under the temp dir: the pipes' paths must stay short)
 is handed to the labelers through their environment (CUDA_MPS_PIPE_DIRECTORY), so it serves this run's processes and
@@ -30,7 +31,6 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from rlfarm.errors import ConfigError
-from rlfarm.families import family_of
 
 CONTROL = "nvidia-cuda-mps-control"
 START_TIMEOUT_S = 10.0  # the daemon creates its control pipe within milliseconds; a hung start is a broken driver
@@ -46,19 +46,10 @@ def wants_mps(cfg: DictConfig) -> bool:
     return bool(cfg.topology.get("mps", False))
 
 
-def check_mps_family(cfg: DictConfig) -> None:
-    """topology.mps=true only for a family whose record names MPS clients (`rlfarm plan` checks this too)."""
-    family = family_of(cfg)
-    if wants_mps(cfg) and not family.mps_clients:
-        raise ConfigError(f"topology.mps=true makes the labeling farm's labelers share their GPUs through MPS, and "
-                          f"algo.family={family.name} has no role that would use it", "set topology.mps=false")
-
-
 def check_mps(cfg: DictConfig) -> None:
     """Before anything starts (preflight): a run can start its own daemon. ConfigError (one line) otherwise."""
     if not wants_mps(cfg):
         return
-    check_mps_family(cfg)
     if cfg.ray.get("address"):
         raise ConfigError(f"topology.mps=true starts an MPS daemon for a private local cluster, not for one joined at "
                           f"ray.address={cfg.ray.address}",

@@ -17,7 +17,7 @@ CUDA_WORK = "import torch; x = torch.ones(1024, device='cuda'); print(float((x @
 @pytest.mark.gpu
 @pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None, reason="needs NVIDIA's MPS control program")
 def test_a_run_s_mps_daemon_serves_its_cuda_processes_and_quits(tmp_path):
-    cfg = OmegaConf.create({"topology": {"mps": True}, "ray": {"address": None}, "algo": {"family": "offpolicy"}})
+    cfg = OmegaConf.create({"topology": {"mps": True}, "ray": {"address": None}})
     with mps_daemon(cfg, tmp_path) as pipe:
         env = client_options()["runtime_env"]["env_vars"]  # what the labelers are started with
         assert env[PIPE_ENV] == str(pipe) and PIPE_ENV not in os.environ  # the driver itself is no client
@@ -56,7 +56,7 @@ def fake_control(tmp_path, monkeypatch):
     return temp, tmp_path / "notes"
 
 
-CFG = OmegaConf.create({"topology": {"mps": True}, "ray": {"address": None}, "algo": {"family": "offpolicy"}})
+CFG = OmegaConf.create({"topology": {"mps": True}, "ray": {"address": None}})
 
 
 def test_the_daemon_is_told_to_quit_however_the_run_ends(tmp_path, fake_control):

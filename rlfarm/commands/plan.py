@@ -22,7 +22,6 @@ from rlfarm.cli import fail
 from rlfarm.cluster import node_labels, ray_session
 from rlfarm.commands.common import check_local_cluster, compose_checked_with
 from rlfarm.config import check_known_keys
-from rlfarm.mps import check_mps_family
 from rlfarm.errors import RlfarmError
 from rlfarm.families import family_of
 from rlfarm.topology import PlacedTopology, describe, gpu_share_label, plan_topology, render_gpus_beside
@@ -39,7 +38,6 @@ def rewrite_args(args: list[str]) -> list[str]:
 def preflight(config_name: str, args: list[str]) -> None:
     cfg = compose_checked_with(config_name, args, check_known_keys)
     family_of(cfg).check_plan(cfg, plan_topology(cfg.topology, family_of(cfg)))
-    check_mps_family(cfg)
     check_local_cluster(cfg, args)
 
 
