@@ -180,4 +180,7 @@ def test_on_cuda_inductor_compiles_the_packed_blocks_with_varlen_flash_inside():
         cosine = torch.nn.functional.cosine_similarity(grads[name].flatten(), grad.flatten(), dim=0)
         assert cosine > 0.99, (name, float(cosine))
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
-    assert "torch_attn._varlen_attn" in str(graphs[-1].graph) and CHECKPOINT in str(graphs[-1].graph)
+    # With the checkpoint in the graph, the block's body (and its attention) is a nested graph of the checkpoint's.
+    nested = [module for module in graphs[-1].modules() if isinstance(module, torch.fx.GraphModule)]
+    graph_texts = " ".join(str(module.graph) for module in nested)
+    assert "torch_attn._varlen_attn" in graph_texts and CHECKPOINT in str(graphs[-1].graph)
