@@ -5,7 +5,8 @@ estimate is larger than the card the driver sees (`run.memory_check=false` skips
 An estimate from formulas, not a measurement (GiB = 2^30 bytes):
 - learner state: fp32 weights, fp32 gradients and AdamW's two fp32 moments, 16 B per trained parameter (under LoRA
   4 B per frozen one), over the ranks under FSDP;
-- learner work: activations kept for the backward pass, `ACTIVATION_BYTES` × hidden per token and layer (below),
+- learner work: activations kept for the backward pass, `ACTIVATION_BYTES` × hidden per token and layer (below;
+  less for packed pieces and compiled blocks),
   or with activation checkpointing each block's fp32 input per token and one block's activations; the weights in
   bf16 for compute, 2 B per parameter (autocast's copies; under FSDP the root unit and two gathered blocks,
   `rlfarm.data_parallel.shard_model`); the head's logits ×3 in fp32 (logits, log-softmax, their gradient), at most
@@ -29,6 +30,11 @@ LOGIT_BUDGET = 1 << 26
 # shape, 16 rows × 1,058 tokens a micro-batch): the learner's peak was 81.0 GiB, of which state 19.5 and autocast's
 # weight copies 2.9; the rest over tokens × hidden × layers is 86 B. Rounded up: an estimate should not promise room.
 ACTIVATION_BYTES = 88
+# The same for a packed piece (algo.packed: flash varlen, no padded attention mask or scores), eager and with each
+# block compiled (algo.compile_layers: inductor saves fewer intermediates for the backward). Measured at the 7B shape
+# on 2× H200 (colocated_2, FSDP, 2026-11-30; rank 0's peak less the other terms' estimate): eager 61 B (4,096-token
+# pieces), compiled 43 B (4,096) and 46 B (8,192). Rounded up as above.
+PACKED_ACTIVATION_BYTES = {False: 64, True: 48}  # by compile_layers
 
 
 @dataclass(frozen=True)
@@ -70,14 +76,16 @@ def lm_shape(config: Mapping, vocab: int | None = None) -> LMShape:
 
 
 def learner_bytes(shape: LMShape, *, ranks: int, fsdp: bool, tokens: int, lora_params: int = 0,
-                  recompute: bool = False) -> dict[str, float]:
+                  recompute: bool = False, packed: bool = False, compiled: bool = False) -> dict[str, float]:
     """One learner rank's terms (bytes): state, activations, autocast, logits, gathered; `tokens` of one
     micro-batch. `recompute` (activation checkpointing): each block keeps only its fp32 input, and one block's
-    activations exist at once, while it is recomputed."""
+    activations exist at once, while it is recomputed. `packed` pieces keep less per token, compiled blocks
+    (`compiled`, counted only where packed: the padded path's is not measured) less again."""
     shards = ranks if fsdp else 1
     state = (4 * shape.params + 16 * lora_params) if lora_params else 16 * shape.params
     logits = min(tokens * shape.vocab, LOGIT_BUDGET)  # the head runs in chunks (rlfarm.models.lm.ScoringHead)
-    per_layer = ACTIVATION_BYTES * shape.hidden * tokens
+    per_token = PACKED_ACTIVATION_BYTES[compiled] if packed else ACTIVATION_BYTES
+    per_layer = per_token * shape.hidden * tokens
     activations = (4 * shape.hidden * tokens * shape.layers + per_layer) if recompute else per_layer * shape.layers
     sharded = fsdp and ranks > 1
     # bf16 weights in compute: autocast's casts of the whole model on one rank; under FSDP's mixed precision the

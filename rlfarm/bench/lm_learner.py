@@ -68,7 +68,8 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
         graphs = compiled_graphs()
         seconds, measured = timed_update(model, optimizer, rollout, advantages, settings, dtype, int(size.repeats))
         micro_tokens = (settings.micro_batch_tokens or settings.micro_batch_size * (prompt_len + cap))
-        estimate = learner_bytes(lm_shape(shape), ranks=1, fsdp=False, tokens=micro_tokens, recompute=recompute)
+        estimate = learner_bytes(lm_shape(shape), ranks=1, fsdp=False, tokens=micro_tokens, recompute=recompute,
+                                 packed=settings.packed, compiled=settings.compile_layers)
         tokens = int(rollout.attention_mask().sum())
         row = {"case": f"{UPDATE} ({form})", "value": measured["learner_tflops"], "unit": "TFLOP/s",
                "baseline": out[0]["case"], "mfu": measured["mfu"], "tokens_per_s": round(tokens / seconds),

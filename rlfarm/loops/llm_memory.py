@@ -71,7 +71,9 @@ def role_terms(cfg: DictConfig, learners: int, engines: int) -> dict[str, dict] 
     lora = OmegaConf.select(cfg, "model.lora")
     return {"learner": learner_bytes(shape, ranks=max(learners, 1), fsdp=algo.get("data_parallel") == "fsdp",
                                      tokens=tokens, lora_params=lora_params(shape, lora),
-                                     recompute=bool(algo.get("activation_checkpointing", False))),
+                                     recompute=bool(algo.get("activation_checkpointing", False)),
+                                     packed=bool(algo.get("packed", False)),
+                                     compiled=bool(algo.get("compile_layers", False))),
             "engine": engine_bytes(shape, slots=-(-samples // max(engines, 1)), cache_tokens=prompt + new,
                                    dtype_bytes=DTYPE_BYTES.get(str(cfg.model.get("dtype", "float32")), 4))}
 
