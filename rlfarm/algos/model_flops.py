@@ -26,18 +26,43 @@ def matrix_params(model: nn.Module) -> int:
 
 class UpdateFigures:
     """An update's useful FLOPs, their utilization of `world_size` cards like `device`'s (`peak_tflops` None: from
-    the card's name; a CPU has none, so only `learner_tflops` is reported), and the GPU memory it held."""
+    the card's name; a CPU has none, so only `learner_tflops` is reported), the GPU memory it held, and two counts
+    that tell a slow update's cause apart (issue 37: one 7B update in five or six ran at half speed, unexplained):
+    the graphs compiled during it and the caching allocator's retries (a full card frees its cache and tries again)."""
 
     def __init__(self, model: nn.Module, device: str, world_size: int = 1, peak_tflops: float | None = None):
         lora = any(not p.requires_grad for p in model.parameters())
         self.flops_per_token = (4 if lora else 6) * matrix_params(model)
         self.peak = card_figure(DENSE_TFLOPS, device, peak_tflops)
         self.world_size, self.device = world_size, device
+        self._graphs, self._retries = compiled_graphs(), allocator_retries(device)
 
     def of(self, tokens: int, seconds: float) -> dict[str, float | None]:
         """learner_tflops: the update's useful TFLOP/s (all ranks together); mfu: that over the ranks' peak;
         learner_peak_gib: rank 0's peak CUDA memory since the last update (None on a CPU; `rlfarm.memory_plan`
-        estimates it before the run)."""
+        estimates it before the run); learner_compiles: graphs dynamo compiled in this process since the last
+        update (algo.compile_layers: the first update's, then 0 unless a piece's shape recompiles a block);
+        learner_alloc_retries: the allocator's retries since the last update (None on a CPU)."""
         tflops = self.flops_per_token * tokens / max(seconds, 1e-9) / 1e12
-        return {"learner_tflops": tflops, "mfu": tflops / (self.peak * self.world_size) if self.peak else None,
-                "learner_peak_gib": measured_peak_gib(self.device)}
+        graphs, retries = compiled_graphs(), allocator_retries(self.device)
+        figures = {"learner_tflops": tflops, "mfu": tflops / (self.peak * self.world_size) if self.peak else None,
+                   "learner_peak_gib": measured_peak_gib(self.device), "learner_compiles": graphs - self._graphs,
+                   "learner_alloc_retries": None if retries is None else retries - self._retries}
+        self._graphs, self._retries = graphs, retries
+        return figures
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def allocator_retries(device: str) -> int | None:
+    """How often this process's CUDA caching allocator has freed its cache to retry an allocation (None on a CPU)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))

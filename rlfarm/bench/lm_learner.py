@@ -29,7 +29,7 @@ import torch
 from omegaconf import DictConfig
 
 from rlfarm.algos.grpo_lm import GRPOConfig, policy_optimizer, update_policy
-from rlfarm.algos.model_flops import UpdateFigures
+from rlfarm.algos.model_flops import UpdateFigures, compiled_graphs
 from rlfarm.bench.common import sizes, synchronize, use_cpu_threads
 from rlfarm.bench.engine import model_shape
 from rlfarm.data import Rollout
@@ -106,13 +106,6 @@ def timed_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rollo
     measured_peak_gib(device)  # reads and resets the peak: `figures.of` below reads the timed updates' own
     seconds = sorted(update() for _ in range(repeats))[repeats // 2]
     return seconds, UpdateFigures(model, device).of(int(rollout.attention_mask().sum()), seconds) | {"warmup_s": warmup}
-
-
-def compiled_graphs() -> int:
-    """The graphs torch.compile has compiled in this process so far (dynamo's count)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
 
 
 def synthetic_step(rows: int, prompt_len: int, cap: int, vocab: int, seed: int, device: str) -> Rollout:

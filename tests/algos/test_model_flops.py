@@ -33,3 +33,20 @@ def test_mfu_is_six_n_t_over_time_and_the_ranks_peak_and_lora_counts_four():
     assert _learner_work({"learner_tflops": 0.00123}) == " Learner 0.00123 TFLOP/s of model FLOPs (6·N·T)."
     line = _learner_work({"learner_tflops": 410.0, "mfu": 0.415, "learner_peak_gib": 61.2})
     assert "MFU 41.5 % of the cards' dense bf16 peak, 61.2 GiB at most on its GPU" in line
+
+
+def test_an_update_reports_the_graphs_compiled_during_it_and_no_allocator_retries_on_a_cpu(one_torch_thread):
+    """A slow update's causes told apart (issue 37): learner_compiles counts dynamo's graphs since the last update
+    (a compiled block's first forward makes some; the same shapes again make none)."""
+    import torch
+
+    torch._dynamo.reset()
+    figures = UpdateFigures(causal_lm({**TINY, "tie_word_embeddings": False}), "cpu")
+    double = torch.compile(lambda x: x * 2 + 1, backend="eager")
+    double(torch.ones(3))
+    first = figures.of(tokens=10, seconds=1.0)
+    double(torch.ones(3))
+    second = figures.of(tokens=10, seconds=1.0)
+    torch._dynamo.reset()
+    assert first["learner_compiles"] >= 1 and second["learner_compiles"] == 0
+    assert first["learner_alloc_retries"] is None  # no CUDA allocator on a CPU
