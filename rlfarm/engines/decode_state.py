@@ -73,6 +73,25 @@ class DecodeState:
             self.views[key] = replace(self, **cut, graphs={}, views={})
         return self.views[key]
 
+    def start(self, rows: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor, limit: torch.Tensor,
+              forced_at: torch.Tensor, sample_id: torch.Tensor, pad_id: int) -> None:
+        """New samples in `rows` (their prompts' masks [rows, P], already in the cache's first P columns): their
+        first token comes from `logits`, their counters start from zero."""
+        prompt_len = mask.shape[1]
+        self.logits[rows] = logits
+        self.logits_version[rows] = self.version
+        self.key_valid[rows] = False
+        self.key_valid[rows, :prompt_len] = mask.bool()
+        self.position[rows] = mask.sum(dim=1)
+        self.column[rows] = prompt_len
+        self.step[rows] = 0
+        self.limit[rows], self.forced_at[rows], self.sample_id[rows] = limit, forced_at, sample_id
+        self.finished[rows] = False
+        self.tokens[rows] = pad_id
+        self.logprobs[rows] = 0.0
+        self.generated[rows] = False
+        self.versions[rows] = 0
+
     def move(self, source: list[int], target: list[int]) -> None:
         """Move the samples of slots `source` to the empty slots `target` (a batch shrinking to a bucket)."""
         device = self.finished.device

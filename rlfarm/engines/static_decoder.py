@@ -13,7 +13,8 @@ Slots and refill. A call's samples (n per prompt, prompt-major) queue for `slots
 row whose sample ended (its end token, the cap, or a synthetic length: `rlfarm.engines.synthetic_lengths`)
 hands its slot to the next queued sample at the next check (every `stop_check_every` steps): the newcomer's
 prefill writes its prompt into that slot's cache row while the other rows keep their place, and decoding goes
-on, until the call's samples are all done. Once the queue is empty the batch shrinks through buckets (the
+on, until the call's samples are all done. A prompt runs through the model once per call: a later sample of it
+starts from a copy of a row that holds it (`share_prompts`, `rlfarm.engines.prompt_donors`). Once the queue is empty the batch shrinks through buckets (the
 slots, then powers of two down to MIN_BUCKET): the rows still running move to the lowest slots and the step runs
 on that prefix. Without `refill` the slots decode in waves, each to its longest sample: the fixed batch, the baseline.
 Attention. On CUDA a flash-decoding kernel reads each row only up to its own newest column
@@ -35,7 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from rlfarm.engines import decode_layers, decode_state
@@ -44,11 +44,12 @@ from rlfarm.engines.base import hits_stop
 from rlfarm.engines.buckets import CACHE_ROUNDING, CONTEXT_STEP, buckets, contexts
 from rlfarm.engines.decode_state import DecodeState
 from rlfarm.engines.fused_projections import Projections
-from rlfarm.engines.llama_attention import attend_cache, repeat_kv
+from rlfarm.engines.llama_attention import attend_cache
+from rlfarm.engines.prefill import run_prompts
+from rlfarm.engines.prompt_donors import PromptDonors, copy_prompt_rows
 from rlfarm.engines.noise import race_noise
 from rlfarm.engines.sampling import sample_tokens
 from rlfarm.engines.synthetic_lengths import SyntheticLengths
-from rlfarm.models.lm import position_ids_from_mask
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -86,6 +87,8 @@ class Calls:
     slots: int
     smallest_bucket: int
     mean_context: float
+    prompt_forwards: int = 0  # prompts run through the model (each once per call, `share_prompts`)
+    prompt_copies: int = 0    # samples started from another slot's copy of their prompt
 
 
 class StaticDecoder:
@@ -94,7 +97,7 @@ class StaticDecoder:
 
     def __init__(self, model: nn.Module, pad_id: int, cuda_graphs: bool = True, compile: bool = False,
                  max_cached_shapes: int = 3, context_step: int | None = CONTEXT_STEP, attention: str = "auto",
-                 fuse_projections: bool = True):
+                 fuse_projections: bool = True, share_prompts: bool = True):
         if not supports(model):
             raise ValueError(f"StaticDecoder runs {SUPPORTED_MODEL_TYPES} models with full attention")
         self.model, self.pad_id = model, pad_id
@@ -112,6 +115,7 @@ class StaticDecoder:
             raise ValueError(f"attention must be auto, rows or matmul, not {attention!r}")
         self.attention = attention
         self.projections = Projections(self.layers, self.head_dim, fuse_projections)  # q/k/v, gate/up: a GEMM each
+        self.share_prompts = share_prompts  # False: every fill runs its prompts again (rlfarm.engines.prompt_donors)
         self.states: OrderedDict[tuple[int, int], DecodeState] = OrderedDict()
         self.last_call: Calls | None = None
         # compile fuses the many small kernels of a step (norms, rotary, noise, sampling) before graph capture;
@@ -159,7 +163,10 @@ class StaticDecoder:
         windows = contexts(state.cache_len, prompt_len, self.context_step)
         slots = state.slots
         state.seed.fill_(seed)
-        state.version.fill_(weights())
+        donors = PromptDonors()  # a prompt runs once per call: more of its samples start from a copy of its row
+        version = weights()
+        state.version.fill_(version)
+        donors.at_version(version)
         state.finished.fill_(True)
         ids = torch.arange(samples, device=self.device) + first_sample
         limits = (lengths.draw(seed, ids, max_new_tokens) if lengths is not None
@@ -181,7 +188,7 @@ class StaticDecoder:
             if not taken:
                 return
             slot_list = free[:len(taken)]
-            self._prefill(state, prompt, prompt_mask, n, slot_list, taken, limits, forced, ids)
+            self._prefill(state, prompt, prompt_mask, n, slot_list, taken, limits, forced, ids, donors)
             for slot, sample in zip(slot_list, taken):
                 holder[slot], started[slot] = sample, decoded
             queue += len(taken)
@@ -211,12 +218,16 @@ class StaticDecoder:
                 self._harvest(state, out, ended, [holder[s] for s in ended], max_new_tokens)
                 for slot in ended:
                     holder[slot] = None
-            state.version.fill_(weights())  # new weights, if any, before the free slots' prefill
+            version = weights()  # new weights, if any, before the free slots' prefill (and no donor of old ones)
+            state.version.fill_(version)
+            donors.at_version(version)
             if ended:
                 fill([slot for slot in range(slots) if holder[slot] is None])
             if refill and queue == samples:
                 decode_state.shrink(state, holder, started, sizes)
-        self.last_call = Calls(decoded, prefills, slots, smallest, attended / max(decoded, 1))
+                donors.clear()  # rows moved (and nothing is left to start)
+        self.last_call = Calls(decoded, prefills, slots, smallest, attended / max(decoded, 1), donors.forwards,
+                               donors.copies)
         width = max(int(out[2].sum(dim=1).max()), 1)
         return tuple(tensor[:, :width] for tensor in out)
 
@@ -299,49 +310,32 @@ class StaticDecoder:
     # -- a sample takes a slot ------------------------------------------------------------------------
     def _prefill(self, state: DecodeState, prompt: torch.Tensor, prompt_mask: torch.Tensor, n: int,
                  slots: list[int], samples: list[int], limits: torch.Tensor, forced: torch.Tensor,
-                 ids: torch.Tensor) -> None:
-        """Start `samples` in `slots`: run their distinct prompts once, write each prompt's keys/values into
-        columns [0, P) of its samples' cache rows (the rest of the row zeroed: stale columns are masked, but
-        0 × NaN would not be), seed the first sample from its last logits, reset the slots' counters."""
+                 ids: torch.Tensor, donors: PromptDonors) -> None:
+        """Start `samples` in `slots`: each prompt that no slot holds yet runs once (`prefill.run_prompts`); a
+        sample whose prompt a slot holds starts from a copy of that row (`rlfarm.engines.prompt_donors`); each
+        sample's first token is drawn from its prompt's last logits; the slots' counters are reset."""
         prompt_len = prompt.shape[1]
-        which = torch.tensor([sample // n for sample in samples], device=self.device)
-        distinct, counts = torch.unique_consecutive(which, return_counts=True)
-        ids_, mask = prompt[distinct], prompt_mask[distinct]
-        valid = mask.bool()
-        positions = position_ids_from_mask(mask)
-        cos, sin = state.cos[positions], state.sin[positions]  # [prompts, P, D]
-        causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=self.device).tril()
-        # a query sees earlier real tokens and itself (so a pad query's softmax is never empty)
-        allowed = (causal & valid[:, None, None, :]) | torch.eye(prompt_len, dtype=torch.bool, device=self.device)
+        prompts = [sample // n for sample in samples]
+        copied, fresh = donors.split(slots, prompts) if self.share_prompts else ([], list(range(len(slots))))
         rows = torch.tensor(slots, device=self.device)
-        hidden = self.base.model.embed_tokens(ids_)
-        for i, layer in enumerate(self.layers):
-            attention = layer.self_attn
-            query, key, value = self.projections.attention(i, layer.input_layernorm(hidden), cos, sin)
-            for cache, written in ((state.keys[i], key), (state.values[i], value)):
-                cache[rows, :, :prompt_len] = written.repeat_interleave(counts, dim=0)
-                cache[rows, :, prompt_len:] = 0
-            out = F.scaled_dot_product_attention(query, repeat_kv(key, self.groups), repeat_kv(value, self.groups),
-                                                 attn_mask=allowed, scale=self.scaling)
-            hidden = hidden + attention.o_proj(out.transpose(1, 2).reshape(len(distinct), prompt_len, -1))
-            hidden = hidden + self.projections.mlp(i, layer.post_attention_layernorm(hidden))
-        last = self.base.lm_head(self.base.model.norm(hidden[:, -1:]))[:, -1]
+        last = torch.empty(len(slots), self.base.config.hidden_size, device=self.device,
+                           dtype=self.base.lm_head.weight.dtype)
+        if copied:  # before any forward writes a row: a donor may be taken by a fresh prompt in this fill
+            targets = torch.tensor([slots[i] for i in copied], device=self.device)
+            copy_prompt_rows([*state.keys, *state.values], targets,
+                             torch.tensor([donors.donor(prompts[i]) for i in copied], device=self.device), prompt_len)
+            last[copied] = torch.stack([donors.last_hidden[prompts[i]] for i in copied])
+            donors.copies += len(copied)
+        if fresh:
+            distinct, prompt_last, counts = run_prompts(self, state, prompt, prompt_mask, [slots[i] for i in fresh],
+                                                        [prompts[i] for i in fresh])
+            last[fresh] = prompt_last.repeat_interleave(counts, dim=0)
+            donors.remember(distinct, prompt_last)
+        donors.record(slots, prompts)
         taken = torch.tensor(samples, device=self.device)
-        state.logits[rows] = last.repeat_interleave(counts, dim=0)
-        state.logits_version[rows] = state.version
-        state.key_valid[rows] = False
-        state.key_valid[rows, :prompt_len] = valid.repeat_interleave(counts, dim=0)
-        state.position[rows] = mask.sum(dim=1).repeat_interleave(counts)
-        state.column[rows] = prompt_len
-        state.step[rows] = 0
-        state.limit[rows] = limits[taken]
-        state.forced_at[rows] = forced[taken]
-        state.sample_id[rows] = ids[taken]
-        state.finished[rows] = False
-        state.tokens[rows] = self.pad_id
-        state.logprobs[rows] = 0.0
-        state.generated[rows] = False
-        state.versions[rows] = 0
+        state.start(rows, prompt_mask[torch.tensor(prompts, device=self.device)],
+                    self.base.lm_head(self.base.model.norm(last[:, None]))[:, -1], limits[taken], forced[taken],
+                    ids[taken], self.pad_id)
 
     def _state(self, slots: int, length: int) -> DecodeState:
         cache_len = -(-length // CACHE_ROUNDING) * CACHE_ROUNDING
