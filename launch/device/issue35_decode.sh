@@ -3,7 +3,8 @@
 # decode step at batch 256 with context buckets beside the whole-row baseline and (UNFUSED=1, the default) beside
 # the same step with a GEMM per projection (`decode step b256 unfused`; the default step runs q/k/v and gate/up as
 # one GEMM each, rlfarm/engines/fused_projections.py; `vs_unfused` = unfused ms / fused ms), all in this one bench
-# run so each ratio is within one call; their HBM bound and roofline, the long-tail refill pair, and the fused
+# run so each ratio is within one call; their HBM bound and roofline, the long-tail refill rows (fixed batch, refill,
+# and refill with every prompt run again at each fill: `vs_rerun`, the prompt donors' gain), and the fused
 # step's kernel profile → $OUT/bench.json, $OUT/decode_profile.txt, $OUT/bench.log; then (TESTS=1) the engine's GPU
 # tests (graphed steps and graphed refill through batch and context buckets equal eager; fused steps equal unfused
 # ones and follow in-place syncs; the fused step not slower at a small shape) → $OUT/gpu_tests.log.
@@ -24,7 +25,7 @@ if [ "${SWEEP:-0}" = 1 ]; then
   tail -40 "$OUT/sweep.log"
 fi
 if [ "${BENCH:-1}" = 1 ]; then
-  timeout "${BENCH_TIMEOUT:-400}" rlfarm bench engine device=cuda bench.shape=qwen2_5_7b_shape \
+  timeout "${BENCH_TIMEOUT:-480}" rlfarm bench engine device=cuda bench.shape=qwen2_5_7b_shape \
     'bench.sizes.batches=[]' 'bench.sizes.static_baseline_batches=[]' bench.profile=true \
     "bench.unfused_step=$([ "${UNFUSED:-1}" = 1 ] && echo true || echo false)" \
     "bench.sizes.long_tail.prompts=${PROMPTS:-512}" "bench.sizes.long_tail.samples_per_prompt=${N:-1}" \
@@ -39,8 +40,8 @@ try:
 except OSError:
     sys.exit(0)
 keys = ("value", "seconds", "useful_tokens", "attended_columns", "hbm_bound_ms", "compute_bound_ms", "roofline_ms", "serial_bound_ms",
-        "of_hbm_bound", "of_roofline", "speedup", "vs_matmul", "vs_unfused", "fused_projections", "ratio",
-        "decode_steps")
+        "of_hbm_bound", "of_roofline", "speedup", "vs_matmul", "vs_unfused", "vs_rerun", "fused_projections", "ratio",
+        "decode_steps", "prompt_forwards", "prompt_copies")
 for row in rows:
     print(row["case"], {k: row[k] for k in keys if k in row})
 PY

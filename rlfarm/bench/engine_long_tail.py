@@ -8,7 +8,11 @@ median and p99 as fractions of the cap, on its end token, the last id of the voc
 random weights never end on their own. Same prompts, same seed, same run, two engines:
 - `long-tail fixed batch`: the slots decode in waves, each until its longest sample ends (the engine before
   refill);
-- `long-tail refill`: a finished row takes the next prompt at the next check (`stop_check_every` steps).
+- `long-tail refill`: a finished row takes the next prompt at the next check (`stop_check_every` steps); a
+  prompt runs once per call, its later samples start from a copy (`rlfarm.engines.prompt_donors`); with
+  `prompts_rerun` the same beside it with every fill running its prompts again (`long-tail refill prompts run
+  again`; the refill row's `vs_rerun` is their ratio). Each row counts its `prefills`, `prompt_forwards` and
+  `prompt_copies`.
 value = USEFUL tokens/s: tokens of samples (end token included, no padding, no rows decoded after their end),
 over the wall time of the whole call (prefills included). Both make the same samples (same seed), so the useful
 tokens are equal and the ratio is one of times. `useful_frac` = useful tokens / (decode steps × slots).
@@ -43,6 +47,7 @@ from rlfarm.engines.synthetic_lengths import synthetic_lengths
 log = logging.getLogger("rlfarm")
 FIXED, REFILL, STEP = "long-tail fixed batch", "long-tail refill", "decode step"
 WHOLE_ROW, MATMUL, UNFUSED = "whole row", "matmul attention", "unfused"
+RERUN = "prompts run again"  # refill without prompt donors: a group's later samples run their prompt again
 
 
 def timed(work, device: str) -> tuple[float, object]:
@@ -76,10 +81,12 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
     # on CUDA the steps attend through the per-row kernel (rlfarm.engines.decode_attention); the same cases through
     # the masked matmuls it replaced (MATMUL rows) show what it adds
     kernel = engine._static.row_kernel
-    cases = [(FIXED, False, "auto"), (REFILL, True, "auto")]
-    cases += [(f"{REFILL} {MATMUL}", True, "matmul")] if kernel else []
-    for case, refill, attention in cases:
+    cases = [(FIXED, False, "auto", True), (REFILL, True, "auto", True)]
+    cases += [(f"{REFILL} {MATMUL}", True, "matmul", True)] if kernel else []
+    cases += [(f"{REFILL} {RERUN}", True, "auto", False)] if cfg.get("prompts_rerun") else []
+    for case, refill, attention, share in cases:
         engine.refill, engine.lengths, engine._static.attention = refill, lengths, attention
+        engine._static.share_prompts = share
         engine.generate(ids[:slots], 1, min(cap, 64), eos_id=end)  # warm-up: compile, cuBLAS, the allocator
         engine.prepare(prompts, n, prompt_len, cap, eos_id=end)  # the timed call's graphs, captured ahead
         engine.reseed(seed)
@@ -88,8 +95,11 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
         calls = engine.last_call
         rows.append({"case": case, "value": useful / seconds, "baseline": FIXED if refill else None, **common,
                      "seconds": round(seconds, 3), "useful_tokens": useful, "decode_steps": calls.decode_steps,
-                     "useful_frac": round(useful / (calls.decode_steps * slots), 3)})
+                     "useful_frac": round(useful / (calls.decode_steps * slots), 3), "prefills": calls.prefills,
+                     "prompt_forwards": calls.prompt_forwards, "prompt_copies": calls.prompt_copies})
         log.info("%s: %.0f useful tok/s (%d decode steps)", case, useful / seconds, calls.decode_steps)
+    if len(rows) > 2 and rows[-1]["case"] == f"{REFILL} {RERUN}":
+        rows[1]["vs_rerun"] = round(rows[1]["value"] / rows[-1]["value"], 3)
     engine.refill, engine.lengths = False, None  # every row to the cap: the decode step at full batch
     step, buckets_on = f"{STEP} b{slots}", engine._static.context_step
     # (case, context step, attention, fused projections); the engine's default first, its whole-row baseline last

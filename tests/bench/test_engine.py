@@ -18,8 +18,8 @@ def test_bench_engine_on_cpu_writes_each_batch_next_to_hf_generate_and_the_long_
     rows = {row["case"]: row for row in result["rows"]}
     assert result["bench"] == "engine" and result["device_name"].startswith("cpu")
     assert set(rows) == {"hf generate b2", "rlfarm engine b2", "hf generate b8", "rlfarm engine b8",
-                         "long-tail fixed batch", "long-tail refill", "decode step b4", "decode step b4 unfused",
-                         "decode step b4 whole row"}
+                         "long-tail fixed batch", "long-tail refill", "long-tail refill prompts run again",
+                         "decode step b4", "decode step b4 unfused", "decode step b4 whole row"}
     for batch in (2, 8):
         ours = rows[f"rlfarm engine b{batch}"]
         assert ours["baseline"] == f"hf generate b{batch}" and ours["unit"] == "tok/s"
@@ -31,6 +31,11 @@ def test_bench_engine_on_cpu_writes_each_batch_next_to_hf_generate_and_the_long_
     assert refill["useful_tokens"] == fixed["useful_tokens"] < fixed["prompts"] * fixed["cap"]
     assert refill["decode_steps"] < fixed["decode_steps"] and refill["useful_frac"] > fixed["useful_frac"]
     assert "synthetic (speed run)" in refill["lengths"]
+    # 8 prompts × 2 samples on 4 slots: each prompt runs once; run again, some run twice (the same samples)
+    rerun = rows["long-tail refill prompts run again"]
+    assert refill["prompt_forwards"] == 8 < rerun["prompt_forwards"] and refill["prompt_copies"] > 0
+    assert rerun["useful_tokens"] == refill["useful_tokens"] and rerun["decode_steps"] == refill["decode_steps"]
+    assert refill["vs_rerun"] == pytest.approx(refill["value"] / rerun["value"], rel=0.01)
     step, whole = rows["decode step b4"], rows["decode step b4 whole row"]
     assert step["unit"] == "ms/step" and step["value"] > 0 and step["hbm_tb_s"] == 0.05
     assert step["baseline"] == "decode step b4 whole row" and step["attended_columns"] < whole["attended_columns"]
