@@ -35,6 +35,11 @@ def condense(run: Path) -> dict:
     steady = rows[WARM:] or rows
     out = {key: round(statistics.median(r[key] for r in steady), 4) for key in KEYS if key in steady[0]}
     out["updates_used"] = len(steady)
+    # each update's own (a slow one's cause: rlfarm.algos.model_flops.UpdateFigures), the warm-up's included
+    for key in ("update_s", "mfu", "learner_compiles", "learner_alloc_retries"):
+        if key in rows[0]:
+            out[f"{key}_per_update"] = [r.get(key) if not isinstance(r.get(key), float) else round(r[key], 3)
+                                        for r in rows]
     out["step_over_slowest_stage"] = round(out["step_s"] / max(out["generate_s"], out["update_s"]), 3)
     start, end = steady[0]["time"] - steady[0]["step_s"], steady[-1]["time"]
     out["gpu_busy_percent"] = gpu_busy(run / "gpu.csv", start, end) if (run / "gpu.csv").exists() else None
