@@ -9,15 +9,14 @@ gate/up, run as one GEMM over a buffer whose row blocks are the modules' paramet
 copies into them in place (a captured graph reads the same memory, so it needs no re-capture), and the
 log-probabilities follow the convention of `rlfarm.data` exactly.
 
-Slots and refill. A call's samples (n per prompt, prompt-major) queue for `slots` batch rows. With `refill`, a row
-whose sample ended (its end token, the cap, or a synthetic length: `rlfarm.engines.synthetic_lengths`) hands its
-slot to the next queued sample at the next check (every `stop_check_every` steps): the newcomer's prefill writes its
-prompt into that slot's cache row while the other rows keep their place, and decoding goes on, until the call's
-samples are all done. A prompt runs through the model once per call: a later sample of it starts from a copy of a
-row that holds it (`share_prompts`, `rlfarm.engines.prompt_donors`). Once the queue is empty the batch shrinks
-through buckets (the slots, then powers of two down to MIN_BUCKET): the rows still running move to the lowest slots
-and the step runs on that prefix. Without `refill` the slots decode in waves, each to its longest sample: the fixed
-batch, the baseline.
+Slots and refill. A call's samples (n per prompt, prompt-major) queue for `slots` batch rows. With `refill`, a
+row whose sample ended (its end token, the cap, or a synthetic length: `rlfarm.engines.synthetic_lengths`)
+hands its slot to the next queued sample at the next check (every `stop_check_every` steps): the newcomer's
+prefill writes its prompt into that slot's cache row while the other rows keep their place, and decoding goes
+on, until the call's samples are all done. A prompt runs through the model once per call: a later sample of it
+starts from a copy of a row that holds it (`share_prompts`, `rlfarm.engines.prompt_donors`). Once the queue is empty the batch shrinks through buckets (the
+slots, then powers of two down to MIN_BUCKET): the rows still running move to the lowest slots and the step runs
+on that prefix. Without `refill` the slots decode in waves, each to its longest sample: the fixed batch, the baseline.
 Attention. On CUDA a flash-decoding kernel reads each row only up to its own newest column
 (`rlfarm.engines.decode_attention`), so a refilled row does not pay for the furthest row's columns; elsewhere
 (`attention="matmul"`) two matmuls read every row up to a context bucket, a multiple of `context_step` columns
@@ -35,7 +34,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 from torch import nn
@@ -162,7 +160,7 @@ class StaticDecoder:
         prompts, prompt_len = prompt.shape
         samples = prompts * n
         state, sizes, steps = self.prepare(samples, prompt_len, max_new_tokens, sampling, max_batch, refill,
-                                           ragged=bool(sampling.stop_ids) or lengths is not None, capture_all=False)
+                                           ragged=bool(sampling.stop_ids) or lengths is not None)
         windows = contexts(state.cache_len, prompt_len, self.context_step)
         slots = state.slots
         state.seed.fill_(seed)
@@ -236,24 +234,20 @@ class StaticDecoder:
 
     @torch.no_grad()  # the capture compiles: under autograd inductor would trace a backward of the cache writes
     def prepare(self, samples: int, prompt_len: int, max_new_tokens: int, sampling: Sampling,
-                max_batch: int | None = None, refill: bool = True, ragged: bool = True, capture_all: bool = True):
+                max_batch: int | None = None, refill: bool = True, ragged: bool = True):
         """The state of a call of this shape and the step of each of its buckets: on CUDA their graphs are
         captured here (compiling first, when compile is on), before any slot is filled — call it ahead to keep
         capture out of a timed or latency-bound call. ragged: samples may end at different steps (an end token
         or synthetic lengths); else they end together and one bucket serves. Returns (state, buckets, steps), steps
-        keyed by (batch bucket, context bucket). capture_all=False (a call's own): only the first bucket pair now,
-        the others at their first use (`step_graphs.Steps`; a call uses ~20 of the 7B speed run's 80)."""
+        keyed by (batch bucket, context bucket)."""
         if self.projections.refresh():  # the weights got new storage (a wake): graphs read the old fused buffers
             self.states.clear()
         slots = min(max_batch or samples, samples)
         state = self._state(slots, prompt_len + max_new_tokens)
         sizes = buckets(slots) if refill and ragged else [slots]
         windows = contexts(state.cache_len, prompt_len, self.context_step)
-        steps = step_graphs.Steps(lambda size, context: self._stepper(state, size, context, sampling, warm=False))
-        steps[sizes[0], windows[0]] = self._stepper(state, sizes[0], windows[0], sampling)
-        for pair in ((size, context) for size in sizes for context in windows) if capture_all else ():
-            steps[pair] = self._stepper(state, *pair, sampling)
-        return state, sizes, steps
+        return state, sizes, {(size, context): self._stepper(state, size, context, sampling)
+                              for size in sizes for context in windows}
 
     def _harvest(self, state: DecodeState, out, slots: list[int], samples: list[int], width: int) -> None:
         """Copy the ended samples of `slots` into the call's output rows `samples`."""
@@ -361,21 +355,16 @@ class StaticDecoder:
         return state
 
     # -- CUDA graphs ----------------------------------------------------------------------------------
-    def _stepper(self, root: DecodeState, size: int, context: int, sampling: Sampling, warm: bool = True):
+    def _stepper(self, root: DecodeState, size: int, context: int, sampling: Sampling):
         """The step of `root`'s view at (batch bucket, context bucket): its graph's replay on CUDA (captured
-        once, into the pool all of `root`'s graphs share), else the eager step. warm=False (slots in use: a
-        warm-up would overwrite them): where the capture needs a warm-up, the eager step."""
+        once, into the pool all of `root`'s graphs share), else the eager step."""
         state = root.view(size, context)
         if self.compiled:
             decode_state.mark_dynamic(state)
-        eager = partial(self._step, state, sampling)
         if not (self.cuda_graphs and self.device.type == "cuda"):
-            return eager
+            return lambda: self._step(state, sampling)
         key = (size, context, sampling, self.row_kernel, self.projections.fuse)
         if key not in root.graphs:
-            graph, warmed = step_graphs.capture(root, eager, self.device, warm)
-            if graph is None:
-                return eager
-            root.graphs[key] = graph
+            root.graphs[key], warmed = step_graphs.capture(root, lambda: self._step(state, sampling), self.device)
             self.warm_ups += warmed
         return root.graphs[key].replay

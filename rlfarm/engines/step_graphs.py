@@ -2,14 +2,11 @@
 (`rlfarm.engines.static_decoder`).
 
 A capture runs nothing, but the first one needs the step warmed up: compiled, cuBLAS and the allocator settled,
-Triton's autotuning done. Warm-up steps leave garbage in the state, which is why a state's first graph is captured
-before a call fills a slot (`StaticDecoder.prepare`). A state warms up once: its other buckets run the same code
-with other (dynamic) shapes, so they are captured directly, and warmed up only if that capture fails. Why it
-matters: a colocated engine gives its memory back at every sleep and captured all its graphs again at wake (80
-graphs at the 7B speed run's buckets: 5 batch × 16 context), each after two warm-up steps. A call's own `prepare`
-captures its first pair only and the others at their first use (a 7B speed-run call uses ~20 of its 80): a capture
-runs nothing, so it may happen while slots are in use, but a warm-up may not: there a capture that fails leaves the
-pair to the eager step."""
+Triton's autotuning done. Warm-up steps leave garbage in the state, which is why every bucket is captured before a
+call fills a slot (`StaticDecoder.prepare`). A state warms up once: its other buckets run the same code with other
+(dynamic) shapes, so they are captured directly, and warmed up only if that capture fails. Why it matters: a
+colocated engine gives its memory back at every sleep and captures all its graphs again at wake (85 graphs at the
+7B speed run's buckets: 5 batch × 17 context), and each warm-up ran two whole steps."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -19,26 +16,12 @@ import torch
 from rlfarm.engines.decode_state import DecodeState
 
 
-class Steps(dict):
-    """(batch bucket, context bucket) → the step; a pair not made yet is made by `make(size, context)` at its
-    first use (a capture mid-call runs nothing, so the slots in use are safe)."""
-
-    def __init__(self, make: Callable[[int, int], Callable[[], None]]):
-        super().__init__()
-        self.make = make
-
-    def __missing__(self, pair: tuple[int, int]) -> Callable[[], None]:
-        self[pair] = step = self.make(*pair)
-        return step
-
-
-def capture(root: DecodeState, step: Callable[[], None], device: torch.device,
-            warm: bool = True) -> tuple[torch.cuda.CUDAGraph | None, bool]:
-    """`step` captured into `root`'s pool, and whether it was warmed up first (the state's first graph, or a capture
-    that failed without). With warm=False (slots in use) a capture that fails is None: the caller steps eagerly."""
-    if root.graphs or not warm:
+def capture(root: DecodeState, step: Callable[[], None], device: torch.device) -> tuple[torch.cuda.CUDAGraph, bool]:
+    """`step` captured into `root`'s pool, and whether it had to be warmed up first (the state's first graph, or a
+    capture that failed without)."""
+    if root.graphs:
         graph = _captured(root, step, strict=False)
-        if graph is not None or not warm:
+        if graph is not None:
             return graph, False
     side = torch.cuda.Stream(device)  # warm up on a side stream, as torch.cuda.graphs asks
     side.wait_stream(torch.cuda.current_stream(device))
