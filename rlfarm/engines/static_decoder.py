@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rlfarm.engines import decode_layers, decode_state, step_graphs
+from rlfarm.engines import decode_layers, decode_state
 from rlfarm.engines.decode_attention import attend_rows, available as row_kernel_available
 from rlfarm.engines.base import hits_stop
 from rlfarm.engines.buckets import CACHE_ROUNDING, CONTEXT_STEP, buckets, contexts
@@ -117,7 +117,6 @@ class StaticDecoder:
         self.projections = Projections(self.layers, self.head_dim, fuse_projections)  # q/k/v, gate/up: a GEMM each
         self.share_prompts = share_prompts  # False: every fill runs its prompts again (rlfarm.engines.prompt_donors)
         self.states: OrderedDict[tuple[int, int], DecodeState] = OrderedDict()
-        self.warm_ups = 0  # steps warmed up before a capture (once per state, unless a capture fails)
         self.last_call: Calls | None = None
         # compile fuses the many small kernels of a step (norms, rotary, noise, sampling) before graph capture;
         # slots and cache length are marked dynamic (`decode_state.mark_dynamic`): one compilation for all shapes.
@@ -365,6 +364,19 @@ class StaticDecoder:
             return lambda: self._step(state, sampling)
         key = (size, context, sampling, self.row_kernel, self.projections.fuse)
         if key not in root.graphs:
-            root.graphs[key], warmed = step_graphs.capture(root, lambda: self._step(state, sampling), self.device)
-            self.warm_ups += warmed
+            # warm up on a side stream first (compiles, and lets cuBLAS and the allocator settle); the state's
+            # contents are garbage afterwards, which is why every bucket is captured before a call fills a slot
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._step(state, sampling)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            if root.graph_pool is None:
+                root.graph_pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            # one pool for all: a step's temporaries do not outlive its replay, and steps replay one at a time
+            with torch.cuda.graph(graph, pool=root.graph_pool, capture_error_mode="thread_local"):
+                self._step(state, sampling)
+            root.graphs[key] = graph
         return root.graphs[key].replay

@@ -137,5 +137,3 @@ def test_cuda_graphed_refill_through_buckets_equals_the_eager_fixed_batch(compil
         torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
     assert graphed.last_call.smallest_bucket == 16 and graphed.last_call.prefills > 1
     assert graphed.last_call.mean_context < 0.8 * eager.last_call.mean_context
-    # one state, many (batch, context) graphs: only the first was warmed up, the others captured directly
-    assert len(next(iter(graphed._static.states.values())).graphs) > 3 and graphed._static.warm_ups == 1
