@@ -30,10 +30,10 @@ def run_prompts(decoder, state: DecodeState, prompt: torch.Tensor, prompt_mask: 
     for i, layer in enumerate(decoder.layers):
         query, key, value = decoder.projections.attention(i, layer.input_layernorm(hidden), cos, sin)
         for cache, written in ((state.keys[i], key), (state.values[i], value)):
-            cache[rows, :, :prompt_len] = written.repeat_interleave(counts, dim=0)
+            cache[rows, :, :prompt_len] = written.repeat_interleave(counts, dim=0, output_size=len(slots))
             cache[rows, :, prompt_len:] = 0
         out = F.scaled_dot_product_attention(query, repeat_kv(key, decoder.groups), repeat_kv(value, decoder.groups),
                                              attn_mask=allowed, scale=decoder.scaling)
         hidden = hidden + layer.self_attn.o_proj(out.transpose(1, 2).reshape(len(distinct), prompt_len, -1))
         hidden = hidden + decoder.projections.mlp(i, layer.post_attention_layernorm(hidden))
-    return distinct.tolist(), hidden[:, -1], counts
+    return distinct.tolist(), hidden[:, -1].clone(), counts  # a copy: a view would keep all of `hidden` alive

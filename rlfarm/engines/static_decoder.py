@@ -319,7 +319,7 @@ class StaticDecoder:
         copied, fresh = donors.split(slots, prompts) if self.share_prompts else ([], list(range(len(slots))))
         rows = torch.tensor(slots, device=self.device)
         last = torch.empty(len(slots), self.base.config.hidden_size, device=self.device,
-                           dtype=self.base.lm_head.weight.dtype)
+                           dtype=self.base.model.embed_tokens.weight.dtype)  # the hidden states' dtype
         if copied:  # before any forward writes a row: a donor may be taken by a fresh prompt in this fill
             targets = torch.tensor([slots[i] for i in copied], device=self.device)
             copy_prompt_rows([*state.keys, *state.values], targets,
@@ -329,7 +329,7 @@ class StaticDecoder:
         if fresh:
             distinct, prompt_last, counts = run_prompts(self, state, prompt, prompt_mask, [slots[i] for i in fresh],
                                                         [prompts[i] for i in fresh])
-            last[fresh] = prompt_last.repeat_interleave(counts, dim=0)
+            last[fresh] = prompt_last.repeat_interleave(counts, dim=0, output_size=len(fresh))
             donors.remember(distinct, prompt_last)
         donors.record(slots, prompts)
         taken = torch.tensor(samples, device=self.device)

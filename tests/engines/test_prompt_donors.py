@@ -31,6 +31,19 @@ def test_a_group_s_later_samples_start_from_a_copy_and_sample_what_a_second_forw
     assert rerun.last_call.prompt_forwards > len(prompts) and rerun.last_call.prompt_copies == 0
 
 
+def test_a_prompt_keeps_only_its_last_hidden_state_not_the_whole_forward_s():
+    """The donors hold one hidden vector per prompt for the whole call: a view of the forward's [prompts, P, hidden]
+    output would keep all of it alive (P times the memory; ~0.5 GB at 7B, P = 256)."""
+    from rlfarm.engines.prefill import run_prompts
+
+    engine = HFEngine(tiny_model(seed=3, vocab_size=40), pad_id=PAD, seed=5, max_batch=4)
+    decoder, prompts = engine._static, torch.tensor([[1, 5, 7, 9, 4, 6], [0, 0, 1, 8, 8, 3]])
+    state, _, _ = decoder.prepare(4, 6, 4, engine._sampling(1.0, 1.0, EOS))
+    distinct, last, counts = run_prompts(decoder, state, prompts, (prompts > 0).long(), [0, 1, 2], [0, 0, 1])
+    assert distinct == [0, 1] and counts.tolist() == [2, 1] and last.shape == (2, 32)
+    assert last.untyped_storage().nbytes() == last.numel() * last.element_size()
+
+
 def test_new_weights_between_checks_run_the_prompts_again():
     """Partial rollouts: a donor's keys/values are the old weights', so a prompt runs again under the new ones."""
     model = tiny_model(seed=3, vocab_size=40)

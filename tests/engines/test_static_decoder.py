@@ -137,3 +137,9 @@ def test_cuda_graphed_refill_through_buckets_equals_the_eager_fixed_batch(compil
         torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
     assert graphed.last_call.smallest_bucket == 16 and graphed.last_call.prefills > 1
     assert graphed.last_call.mean_context < 0.8 * eager.last_call.mean_context
+    graphed.sleep()  # a colocated engine between steps: memory given back, every graph captured again at wake
+    graphed.wake()
+    a = graphed.generate(prompts, n=3, max_new_tokens=30, temperature=1.0, eos_id=EOS)
+    b = eager.generate(prompts, n=3, max_new_tokens=30, temperature=1.0, eos_id=EOS)
+    assert torch.equal(a.response_ids, b.response_ids)
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
