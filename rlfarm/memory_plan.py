@@ -33,8 +33,9 @@ ACTIVATION_BYTES = 88
 # The same for a packed piece (algo.packed: flash varlen, no padded attention mask or scores), eager and with each
 # block compiled (algo.compile_layers: inductor saves fewer intermediates for the backward). Measured at the 7B shape
 # on 2× H200 (colocated_2, FSDP, 2026-11-30; rank 0's peak less the other terms' estimate): eager 61 B (4,096-token
-# pieces), compiled 43 B (4,096) and 46 B (8,192). Rounded up as above.
-PACKED_ACTIVATION_BYTES = {False: 64, True: 48}  # by compile_layers
+# pieces), compiled 43 B (4,096) and 46 B (8,192: 49 B a token at the margin). Rounded up with ~15 % to spare: other
+# shapes were not measured (the 1.5B's MLP is wider for its hidden size), nor other piece sizes.
+PACKED_ACTIVATION_BYTES = {False: 72, True: 52}  # by compile_layers
 
 
 @dataclass(frozen=True)

@@ -37,15 +37,16 @@ def test_learner_state_is_16_bytes_a_parameter_sharded_and_lora_keeps_4_for_the_
 
 def test_packed_pieces_and_compiled_blocks_keep_fewer_activation_bytes_a_token_than_padded_rows():
     """Calibrated on 2× H200 at the 7B shape: packed eager 61 B, packed compiled 43–46 B per hidden unit, token and
-    layer (the padded eager rows' 86 B came from the 1.5B shape); compile is counted only where it was measured."""
+    layer, with ~15 % to spare (the padded eager rows' 86 B came from the 1.5B shape); compile is counted only where
+    it was measured."""
     shape = lm_shape(QWEN)
     activations = {(packed, compiled): learner_bytes(shape, ranks=1, fsdp=False, tokens=100, packed=packed,
                                                      compiled=compiled)["activations"]
                    for packed in (False, True) for compiled in (False, True)}
     per_token = {key: value / (shape.hidden * 100 * shape.layers) for key, value in activations.items()}
-    assert per_token == {(False, False): 88, (False, True): 88, (True, False): 64, (True, True): 48}
+    assert per_token == {(False, False): 88, (False, True): 88, (True, False): 72, (True, True): 52}
     recomputed = learner_bytes(shape, ranks=1, fsdp=False, tokens=100, recompute=True, packed=True, compiled=True)
-    assert recomputed["activations"] == (4 * shape.layers + 48) * shape.hidden * 100  # one block's, at the packed rate
+    assert recomputed["activations"] == (4 * shape.layers + 52) * shape.hidden * 100  # one block's, at the packed rate
 
 
 def test_a_colocated_gpu_peaks_at_the_larger_phase_its_engines_release_the_cache_to_train():
