@@ -100,6 +100,7 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
         log.info("%s: %.0f useful tok/s (%d decode steps)", case, useful / seconds, calls.decode_steps)
     if len(rows) > 2 and rows[-1]["case"] == f"{REFILL} {RERUN}":
         rows[1]["vs_rerun"] = round(rows[1]["value"] / rows[-1]["value"], 3)
+    engine._static.share_prompts = True
     engine.refill, engine.lengths = False, None  # every row to the cap: the decode step at full batch
     step, buckets_on = f"{STEP} b{slots}", engine._static.context_step
     # (case, context step, attention, fused projections); the engine's default first, its whole-row baseline last
