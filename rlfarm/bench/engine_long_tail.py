@@ -98,8 +98,9 @@ def run_long_tail(model: torch.nn.Module, cfg: DictConfig, device: str, seed: in
                      "useful_frac": round(useful / (calls.decode_steps * slots), 3), "prefills": calls.prefills,
                      "prompt_forwards": calls.prompt_forwards, "prompt_copies": calls.prompt_copies})
         log.info("%s: %.0f useful tok/s (%d decode steps)", case, useful / seconds, calls.decode_steps)
-    if len(rows) > 2 and rows[-1]["case"] == f"{REFILL} {RERUN}":
-        rows[1]["vs_rerun"] = round(rows[1]["value"] / rows[-1]["value"], 3)
+    by_case = {row["case"]: row for row in rows}
+    if f"{REFILL} {RERUN}" in by_case:
+        by_case[REFILL]["vs_rerun"] = round(by_case[REFILL]["value"] / by_case[f"{REFILL} {RERUN}"]["value"], 3)
     engine._static.share_prompts = True
     engine.refill, engine.lengths = False, None  # every row to the cap: the decode step at full batch
     step, buckets_on = f"{STEP} b{slots}", engine._static.context_step

@@ -50,7 +50,14 @@ class PromptDonors:
         return copied, fresh
 
     def donor(self, prompt: int) -> int:
+        """A slot whose row holds `prompt` (the lowest)."""
         return min(self.slots_of[prompt])
+
+    def serve(self, prompts: list[int]) -> tuple[list[int], torch.Tensor]:
+        """For samples of `prompts` that `split` gave to donors: each one's donor slot, and its prompt's last hidden
+        state [samples, hidden]."""
+        self.copies += len(prompts)
+        return [self.donor(p) for p in prompts], torch.stack([self.last_hidden[p] for p in prompts])
 
     def record(self, slots: list[int], prompts: list[int]) -> None:
         """These slots' rows now hold these prompts."""

@@ -9,14 +9,15 @@ gate/up, run as one GEMM over a buffer whose row blocks are the modules' paramet
 copies into them in place (a captured graph reads the same memory, so it needs no re-capture), and the
 log-probabilities follow the convention of `rlfarm.data` exactly.
 
-Slots and refill. A call's samples (n per prompt, prompt-major) queue for `slots` batch rows. With `refill`, a
-row whose sample ended (its end token, the cap, or a synthetic length: `rlfarm.engines.synthetic_lengths`)
-hands its slot to the next queued sample at the next check (every `stop_check_every` steps): the newcomer's
-prefill writes its prompt into that slot's cache row while the other rows keep their place, and decoding goes
-on, until the call's samples are all done. A prompt runs through the model once per call: a later sample of it
-starts from a copy of a row that holds it (`share_prompts`, `rlfarm.engines.prompt_donors`). Once the queue is empty the batch shrinks through buckets (the
-slots, then powers of two down to MIN_BUCKET): the rows still running move to the lowest slots and the step runs
-on that prefix. Without `refill` the slots decode in waves, each to its longest sample: the fixed batch, the baseline.
+Slots and refill. A call's samples (n per prompt, prompt-major) queue for `slots` batch rows. With `refill`, a row
+whose sample ended (its end token, the cap, or a synthetic length: `rlfarm.engines.synthetic_lengths`) hands its
+slot to the next queued sample at the next check (every `stop_check_every` steps): the newcomer's prefill writes its
+prompt into that slot's cache row while the other rows keep their place, and decoding goes on, until the call's
+samples are all done. A prompt runs through the model once per call: a later sample of it starts from a copy of a
+row that holds it (`share_prompts`, `rlfarm.engines.prompt_donors`). Once the queue is empty the batch shrinks
+through buckets (the slots, then powers of two down to MIN_BUCKET): the rows still running move to the lowest slots
+and the step runs on that prefix. Without `refill` the slots decode in waves, each to its longest sample: the fixed
+batch, the baseline.
 Attention. On CUDA a flash-decoding kernel reads each row only up to its own newest column
 (`rlfarm.engines.decode_attention`), so a refilled row does not pay for the furthest row's columns; elsewhere
 (`attention="matmul"`) two matmuls read every row up to a context bucket, a multiple of `context_step` columns
@@ -164,9 +165,13 @@ class StaticDecoder:
         slots = state.slots
         state.seed.fill_(seed)
         donors = PromptDonors()  # a prompt runs once per call: more of its samples start from a copy of its row
-        version = weights()
-        state.version.fill_(version)
-        donors.at_version(version)
+
+        def load_version() -> None:  # the weights the next steps and prefills run (donors of older ones are stale)
+            version = weights()
+            state.version.fill_(version)
+            donors.at_version(version)
+
+        load_version()
         state.finished.fill_(True)
         ids = torch.arange(samples, device=self.device) + first_sample
         limits = (lengths.draw(seed, ids, max_new_tokens) if lengths is not None
@@ -218,9 +223,7 @@ class StaticDecoder:
                 self._harvest(state, out, ended, [holder[s] for s in ended], max_new_tokens)
                 for slot in ended:
                     holder[slot] = None
-            version = weights()  # new weights, if any, before the free slots' prefill (and no donor of old ones)
-            state.version.fill_(version)
-            donors.at_version(version)
+            load_version()  # new weights, if any, before the free slots' prefill
             if ended:
                 fill([slot for slot in range(slots) if holder[slot] is None])
             if refill and queue == samples:
@@ -321,11 +324,9 @@ class StaticDecoder:
         last = torch.empty(len(slots), self.base.config.hidden_size, device=self.device,
                            dtype=self.base.model.embed_tokens.weight.dtype)  # the hidden states' dtype
         if copied:  # before any forward writes a row: a donor may be taken by a fresh prompt in this fill
-            targets = torch.tensor([slots[i] for i in copied], device=self.device)
-            copy_prompt_rows([*state.keys, *state.values], targets,
-                             torch.tensor([donors.donor(prompts[i]) for i in copied], device=self.device), prompt_len)
-            last[copied] = torch.stack([donors.last_hidden[prompts[i]] for i in copied])
-            donors.copies += len(copied)
+            sources, last[copied] = donors.serve([prompts[i] for i in copied])
+            copy_prompt_rows([*state.keys, *state.values], torch.tensor([slots[i] for i in copied], device=self.device),
+                             torch.tensor(sources, device=self.device), prompt_len)
         if fresh:
             distinct, prompt_last, counts = run_prompts(self, state, prompt, prompt_mask, [slots[i] for i in fresh],
                                                         [prompts[i] for i in fresh])
