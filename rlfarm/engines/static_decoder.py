@@ -32,6 +32,7 @@ slot a sample lands in, as far as the batch-size dependence of the arithmetic al
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,6 +91,8 @@ class Calls:
     mean_context: float
     prompt_forwards: int = 0  # prompts run through the model (each once per call, `share_prompts`)
     prompt_copies: int = 0    # samples started from another slot's copy of their prompt
+    prepare_s: float = 0.0    # seconds in `prepare`: graph capture (and compilation) of the buckets it had no graph of
+    graphs_captured: int = 0  # graphs `prepare` captured for this call (all again after a sleep)
 
 
 class StaticDecoder:
@@ -119,6 +122,7 @@ class StaticDecoder:
         self.share_prompts = share_prompts  # False: every fill runs its prompts again (rlfarm.engines.prompt_donors)
         self.states: OrderedDict[tuple[int, int], DecodeState] = OrderedDict()
         self.last_call: Calls | None = None
+        self.graphs_captured = 0  # over the decoder's life (each sleep drops them: the next call captures again)
         # compile fuses the many small kernels of a step (norms, rotary, noise, sampling) before graph capture;
         # slots and cache length are marked dynamic (`decode_state.mark_dynamic`): one compilation for all shapes.
         # With the per-row kernel (outside the graph: `attend_rows`) the break falls inside the layer loop,
@@ -159,8 +163,10 @@ class StaticDecoder:
         width = the longest sample."""
         prompts, prompt_len = prompt.shape
         samples = prompts * n
+        prepare_started, graphs_before = time.perf_counter(), self.graphs_captured
         state, sizes, steps = self.prepare(samples, prompt_len, max_new_tokens, sampling, max_batch, refill,
                                            ragged=bool(sampling.stop_ids) or lengths is not None)
+        prepared = (time.perf_counter() - prepare_started, self.graphs_captured - graphs_before)
         windows = contexts(state.cache_len, prompt_len, self.context_step)
         slots = state.slots
         state.seed.fill_(seed)
@@ -230,7 +236,7 @@ class StaticDecoder:
                 decode_state.shrink(state, holder, started, sizes)
                 donors.clear()  # rows moved (and nothing is left to start)
         self.last_call = Calls(decoded, prefills, slots, smallest, attended / max(decoded, 1), donors.forwards,
-                               donors.copies)
+                               donors.copies, *prepared)
         width = max(int(out[2].sum(dim=1).max()), 1)
         return tuple(tensor[:, :width] for tensor in out)
 
@@ -380,4 +386,5 @@ class StaticDecoder:
             with torch.cuda.graph(graph, pool=root.graph_pool, capture_error_mode="thread_local"):
                 self._step(state, sampling)
             root.graphs[key] = graph
+            self.graphs_captured += 1
         return root.graphs[key].replay

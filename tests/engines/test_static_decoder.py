@@ -130,16 +130,20 @@ def test_cuda_graphed_refill_through_buckets_equals_the_eager_fixed_batch(compil
     eager._static.attention = "matmul"
     assert graphed._static.row_kernel and not eager._static.row_kernel
     prompts = [[1 + (i * 7 + j) % 900 for j in range(5 + i % 4)] for i in range(24)]
-    for _ in range(2):  # the second call replays the captured graphs on a reused cache
+    for call in range(2):  # the second call replays the captured graphs on a reused cache
         a = graphed.generate(prompts, n=3, max_new_tokens=30, temperature=1.0, eos_id=EOS)
         b = eager.generate(prompts, n=3, max_new_tokens=30, temperature=1.0, eos_id=EOS)
         assert torch.equal(a.response_mask, b.response_mask) and torch.equal(a.response_ids, b.response_ids)
         torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+        # the first call captures every (batch, context) pair, the second none
+        captured = graphed.last_call.graphs_captured
+        assert captured > 3 if call == 0 else captured == 0
     assert graphed.last_call.smallest_bucket == 16 and graphed.last_call.prefills > 1
     assert graphed.last_call.mean_context < 0.8 * eager.last_call.mean_context
     graphed.sleep()  # a colocated engine between steps: memory given back, every graph captured again at wake
     graphed.wake()
     a = graphed.generate(prompts, n=3, max_new_tokens=30, temperature=1.0, eos_id=EOS)
+    assert graphed.last_call.graphs_captured > 3 and graphed.last_call.prepare_s > 0
     b = eager.generate(prompts, n=3, max_new_tokens=30, temperature=1.0, eos_id=EOS)
     assert torch.equal(a.response_ids, b.response_ids)
     torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
