@@ -35,6 +35,11 @@ class WeightSync(Choice):
     ipc = "ipc"
 
 
+class EngineCapture(Choice):  # when the built-in engine captures its decode step's graphs (rlfarm/engines/decode_graphs.py)
+    ahead = "ahead"
+    first_use = "first_use"
+
+
 class DataParallel(Choice):  # rlfarm.data_parallel: a learner holding > 1 GPU
     ddp = "ddp"
     fsdp = "fsdp"
@@ -174,6 +179,7 @@ class GRPOSchema(GroupPolicySchema):
     max_staleness: int
     partial_rollouts: bool
     synthetic_lengths: Any  # a speed-run setting: {median_frac, p99_frac} of the cap
+    engine_capture: EngineCapture
 
 
 @dataclass

@@ -24,9 +24,9 @@ from rlfarm.run import is_run_dir, resume_checkpoint, saved_config
 
 log = logging.getLogger("rlfarm")
 
-# Keys that only bound or place a run: on resume, the command line may change them (a longer budget, another
-# cluster, GPU sharing through MPS or not); everything else comes from the saved config.
-RESUME_OVERRIDABLE = ("total_env_steps", "algo.max_updates", "run", "ray", "topology.mps")
+# Keys that only bound, place or pace a run: on resume, the command line may change them (a longer budget, another
+# cluster, GPU sharing through MPS or not, when the engine captures its graphs); the rest comes from the saved config.
+RESUME_OVERRIDABLE = ("total_env_steps", "algo.max_updates", "run", "ray", "topology.mps", "algo.engine_capture")
 
 
 def override_key(override: str) -> str:

@@ -61,13 +61,15 @@ class HFEngine(Engine):
     (`rlfarm.engines.synthetic_lengths`: None, or {median_frac, p99_frac}); static decoder only.
     fuse_projections: the static decoder runs each layer's q/k/v, and its MLP's gate/up, as one GEMM over a buffer
     whose row blocks are the modules' own parameters (`rlfarm.engines.fused_projections`; in-place weight updates
-    reach it); False: a GEMM per module (the comparison `rlfarm bench engine` draws).
+    reach it); False: a GEMM per module (the comparison `rlfarm bench engine` draws). capture: when the static
+    decoder's CUDA graphs are captured, "ahead" (before a call) or "first_use" (`rlfarm.engines.decode_graphs`).
     """
 
     def __init__(self, model: nn.Module, pad_id: int, device: torch.device | str = "cpu", seed: int = 0,
                  stop_check_every: int = 4, decoder: str = "auto", cuda_graphs: bool = True,
                  compile: bool | None = None, max_batch: int | None = None, refill: bool = True,
-                 synthetic_lengths: SyntheticLengths | dict | bool | None = None, fuse_projections: bool = True):
+                 synthetic_lengths: SyntheticLengths | dict | bool | None = None, fuse_projections: bool = True,
+                 capture: str = "ahead"):
         if decoder not in ("auto", "static", "hf"):
             raise ValueError(f"decoder must be auto, static or hf, got {decoder!r}")
         self.device = torch.device(device)
@@ -84,7 +86,8 @@ class HFEngine(Engine):
         if compile is None:
             compile = cuda_graphs and self.device.type == "cuda"
         self._static = (static_decoder.StaticDecoder(self.model, pad_id, cuda_graphs=cuda_graphs, compile=compile,
-                                                     fuse_projections=fuse_projections) if use_static else None)
+                                                     fuse_projections=fuse_projections, capture=capture)
+                        if use_static else None)
         self.max_batch, self.refill = max_batch, refill
         self.lengths = length_model(synthetic_lengths)
         if self.lengths is not None and self._static is None:

@@ -32,7 +32,6 @@ slot a sample lands in, as far as the batch-size dependence of the arithmetic al
 """
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rlfarm.engines import decode_layers, decode_state
+from rlfarm.engines import decode_graphs, decode_layers, decode_state
 from rlfarm.engines.decode_attention import attend_rows, available as row_kernel_available
 from rlfarm.engines.base import hits_stop
 from rlfarm.engines.buckets import CACHE_ROUNDING, CONTEXT_STEP, buckets, contexts
@@ -91,8 +90,8 @@ class Calls:
     mean_context: float
     prompt_forwards: int = 0  # prompts run through the model (each once per call, `share_prompts`)
     prompt_copies: int = 0    # samples started from another slot's copy of their prompt
-    prepare_s: float = 0.0    # seconds in `prepare`: graph capture (and compilation) of the buckets it had no graph of
-    graphs_captured: int = 0  # graphs `prepare` captured for this call (all again after a sleep)
+    capture_s: float = 0.0    # seconds its graph captures took ("ahead": with their warm-ups, and compiling at first)
+    graphs_captured: int = 0  # graphs it captured ("ahead": every pair again after a sleep; `decode_graphs`)
 
 
 class StaticDecoder:
@@ -101,7 +100,7 @@ class StaticDecoder:
 
     def __init__(self, model: nn.Module, pad_id: int, cuda_graphs: bool = True, compile: bool = False,
                  max_cached_shapes: int = 3, context_step: int | None = CONTEXT_STEP, attention: str = "auto",
-                 fuse_projections: bool = True, share_prompts: bool = True):
+                 fuse_projections: bool = True, share_prompts: bool = True, capture: str = "ahead"):
         if not supports(model):
             raise ValueError(f"StaticDecoder runs {SUPPORTED_MODEL_TYPES} models with full attention")
         self.model, self.pad_id = model, pad_id
@@ -113,6 +112,7 @@ class StaticDecoder:
         self.kv_heads = config.num_key_value_heads
         self.groups = config.num_attention_heads // config.num_key_value_heads
         self.cuda_graphs, self.max_cached_shapes = cuda_graphs, max_cached_shapes
+        self.capture = decode_graphs.check_capture(capture)  # "ahead" or "first_use" (`rlfarm.engines.decode_graphs`)
         self.context_step = context_step  # columns between context buckets (None: attend to the whole row)
         # "rows": the per-row kernel, "matmul": two matmuls over the bucket, "auto": rows where Triton runs (CUDA)
         if attention not in ("auto", "rows", "matmul"):
@@ -122,7 +122,7 @@ class StaticDecoder:
         self.share_prompts = share_prompts  # False: every fill runs its prompts again (rlfarm.engines.prompt_donors)
         self.states: OrderedDict[tuple[int, int], DecodeState] = OrderedDict()
         self.last_call: Calls | None = None
-        self.graphs_captured = 0  # over the decoder's life (each sleep drops them: the next call captures again)
+        self.graphs_captured, self.capture_s = 0, 0.0  # over the decoder's life (a sleep drops the graphs)
         # compile fuses the many small kernels of a step (norms, rotary, noise, sampling) before graph capture;
         # slots and cache length are marked dynamic (`decode_state.mark_dynamic`): one compilation for all shapes.
         # With the per-row kernel (outside the graph: `attend_rows`) the break falls inside the layer loop,
@@ -163,10 +163,9 @@ class StaticDecoder:
         width = the longest sample."""
         prompts, prompt_len = prompt.shape
         samples = prompts * n
-        prepare_started, graphs_before = time.perf_counter(), self.graphs_captured
+        graphs_before, capture_s_before = self.graphs_captured, self.capture_s
         state, sizes, steps = self.prepare(samples, prompt_len, max_new_tokens, sampling, max_batch, refill,
                                            ragged=bool(sampling.stop_ids) or lengths is not None)
-        prepared = (time.perf_counter() - prepare_started, self.graphs_captured - graphs_before)
         windows = contexts(state.cache_len, prompt_len, self.context_step)
         slots = state.slots
         state.seed.fill_(seed)
@@ -236,7 +235,7 @@ class StaticDecoder:
                 decode_state.shrink(state, holder, started, sizes)
                 donors.clear()  # rows moved (and nothing is left to start)
         self.last_call = Calls(decoded, prefills, slots, smallest, attended / max(decoded, 1), donors.forwards,
-                               donors.copies, *prepared)
+                               donors.copies, self.capture_s - capture_s_before, self.graphs_captured - graphs_before)
         width = max(int(out[2].sum(dim=1).max()), 1)
         return tuple(tensor[:, :width] for tensor in out)
 
@@ -362,29 +361,21 @@ class StaticDecoder:
 
     # -- CUDA graphs ----------------------------------------------------------------------------------
     def _stepper(self, root: DecodeState, size: int, context: int, sampling: Sampling):
-        """The step of `root`'s view at (batch bucket, context bucket): its graph's replay on CUDA (captured
-        once, into the pool all of `root`'s graphs share), else the eager step."""
+        """The step of `root`'s view at (batch bucket, context bucket): on CUDA its graph's replay, captured ahead
+        or at first use (`rlfarm.engines.decode_graphs`), else the eager step."""
         state = root.view(size, context)
         if self.compiled:
             decode_state.mark_dynamic(state)
+        run = lambda: self._step(state, sampling)  # noqa: E731
         if not (self.cuda_graphs and self.device.type == "cuda"):
-            return lambda: self._step(state, sampling)
+            return run
         key = (size, context, sampling, self.row_kernel, self.projections.fuse)
-        if key not in root.graphs:
-            # warm up on a side stream first (compiles, and lets cuBLAS and the allocator settle); the state's
-            # contents are garbage afterwards, which is why every bucket is captured before a call fills a slot
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._step(state, sampling)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            if root.graph_pool is None:
-                root.graph_pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            # one pool for all: a step's temporaries do not outlive its replay, and steps replay one at a time
-            with torch.cuda.graph(graph, pool=root.graph_pool, capture_error_mode="thread_local"):
-                self._step(state, sampling)
-            root.graphs[key] = graph
-            self.graphs_captured += 1
-        return root.graphs[key].replay
+        if key in root.graphs:
+            return root.graphs[key].replay
+        if self.capture == "first_use":
+            return decode_graphs.FirstUse(root, key, run, self.device, self._captured)
+        return decode_graphs.ahead(root, key, run, self.device, self._captured).replay
+
+    def _captured(self, seconds: float) -> None:
+        self.graphs_captured += 1
+        self.capture_s += seconds

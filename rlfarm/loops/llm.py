@@ -60,7 +60,7 @@ REWARD_WINDOW = 10  # summary reward_mean: mean over the last 10 updates
 # the share of samples whose tokens span several weight versions (partial rollouts)
 STAGE_KEYS = ("step_s", "generate_s", "wait_s", "score_s", "update_s", "sync_s", "publish_s",
               "generated_tokens_per_s", "step_samples_per_s", "step_tokens_per_s", "engine_busy", "learner_busy",
-              "partial_ratio", "learner_tflops", "mfu", "learner_peak_gib", "engine_peak_gib", "engine_prepare_s")
+              "partial_ratio", "learner_tflops", "mfu", "learner_peak_gib", "engine_peak_gib", "engine_capture_s")
 
 
 def grpo_config(cfg: DictConfig) -> GRPOConfig:
@@ -136,7 +136,7 @@ class LLMLoop(SyncLoop):
         lengths = synthetic_lengths(OmegaConf.to_container(cfg.algo.synthetic_lengths)
                                     if cfg.algo.get("synthetic_lengths") else None)  # a mapping (`check_text_policy`)
         self.synthetic_lengths = asdict(lengths) if lengths else None  # a speed-run setting: the summary says so
-        engine_options = {"synthetic_lengths": lengths}
+        engine_options = {"synthetic_lengths": lengths, "capture": str(cfg.algo.get("engine_capture", "ahead"))}
         self.engines = [
             ray.remote(concurrency_groups={**WATCH, "sync": 1})(EngineRole).options(
                 **placed.options(place), **restartable).remote(
@@ -288,7 +288,7 @@ class LLMLoop(SyncLoop):
             "engine_busy": min(1.0, sum(generate) / (len(generate) * max(step_s, 1e-9))),
             "learner_busy": min(1.0, metrics["update_s"] / max(step_s, 1e-9)),
             "engine_peak_gib": max((s["peak_gib"] for s in stats if s.get("peak_gib") is not None), default=None),
-            "engine_prepare_s": max((s["prepare_s"] for s in stats if s.get("prepare_s") is not None), default=None),
+            "engine_capture_s": max((s["capture_s"] for s in stats if s.get("capture_s") is not None), default=None),
             "engine_graphs_captured": max((s["graphs_captured"] for s in stats if s.get("graphs_captured") is not None),
                                           default=None)}
 

@@ -115,15 +115,17 @@ def test_cuda_graphed_steps_equal_eager_steps_and_the_learner(compile):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("capture", ["ahead", "first_use"])
 @pytest.mark.parametrize("compile", [False, True])
-def test_cuda_graphed_refill_through_buckets_equals_the_eager_fixed_batch(compile):
+def test_cuda_graphed_refill_through_buckets_equals_the_eager_fixed_batch(compile, capture):
     # 72 samples through 40 slots: refills, then the tail shrinks to the 32- and 16-row buckets' graphs; the graphed
     # engine attends to context buckets 8 columns apart (a graph per pair, one pool) through the per-row kernel
-    # (rlfarm.engines.decode_attention), the eager one to whole rows through the masked matmuls
+    # (rlfarm.engines.decode_attention), the eager one to whole rows through the masked matmuls; the graphs are
+    # captured before each call or at a pair's third step in it, between steps of the call in flight
     model = tiny_model("qwen2", vocab_size=1000, num_hidden_layers=3).cuda()
     lengths = {"median_frac": 0.2, "p99_frac": 1.0}
     graphed = HFEngine(copy.deepcopy(model), pad_id=PAD, device="cuda", seed=5, compile=compile, max_batch=40,
-                       synthetic_lengths=lengths)
+                       synthetic_lengths=lengths, capture=capture)  # first_use: a pair's first 2 steps eager
     eager = HFEngine(copy.deepcopy(model), pad_id=PAD, device="cuda", seed=5, cuda_graphs=False,
                      synthetic_lengths=lengths)
     graphed._static.context_step, eager._static.context_step = 8, None
@@ -143,7 +145,7 @@ def test_cuda_graphed_refill_through_buckets_equals_the_eager_fixed_batch(compil
     graphed.sleep()  # a colocated engine between steps: memory given back, every graph captured again at wake
     graphed.wake()
     a = graphed.generate(prompts, n=3, max_new_tokens=30, temperature=1.0, eos_id=EOS)
-    assert graphed.last_call.graphs_captured > 3 and graphed.last_call.prepare_s > 0
+    assert graphed.last_call.graphs_captured > 3 and graphed.last_call.capture_s > 0
     b = eager.generate(prompts, n=3, max_new_tokens=30, temperature=1.0, eos_id=EOS)
     assert torch.equal(a.response_ids, b.response_ids)
     torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
