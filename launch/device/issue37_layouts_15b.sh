@@ -5,7 +5,8 @@
 # steps, at their third step), against split_1_1 at k=1 with partial rollouts, all in this one call. Each run's
 # folder under $OUT/<name>/ (llm_async.sh: summary, metrics, samples/s, GPU busy → llm_async.json, runs.tgz).
 # Usage (device tool, kind nvidia-h200-x2, carry .devpkgs): source .devpkgs/setup.sh && bash launch/device/issue37_layouts_15b.sh
-# RUNS picks and orders them (default: "split ahead first_use"); UPDATES (8) and WARM (3) as in llm_async.sh.
+# First (TESTS=1) the engine's refill GPU test with both captures; first_use runs only if it passes. RUNS picks and
+# orders the runs (default: "split first_use ahead"); UPDATES (8), WARM (3), RUN_TIMEOUT (200) as in llm_async.sh.
 set -uo pipefail
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 log() { echo "[${SECONDS}s] $*" | tee -a "$OUT/timeline.txt"; }
@@ -14,7 +15,14 @@ run() {  # name, spec, extra overrides
     EXTRA="$3" bash launch/device/llm_async.sh "$2" > "$OUT/$1.log" 2>&1
   log "$1 ($2 $3) done"
 }
-for name in ${RUNS:-split ahead first_use}; do
+runs=${RUNS:-split first_use ahead}
+if [ "${TESTS:-1}" = 1 ]; then  # first_use's GPU test (graphed = eager through refill, captures, sleep and wake)
+  timeout 170 python3 -m pytest -q -p no:cacheprovider tests/engines/test_static_decoder.py -k "refill and cuda" \
+    > "$OUT/capture_tests.log" 2>&1
+  rc=$?; log "engine capture tests rc=$rc"; tail -3 "$OUT/capture_tests.log"
+  if [ $rc != 0 ]; then runs=${runs/first_use/}; log "first_use left out: its test failed"; fi
+fi
+for name in $runs; do
   case $name in
     ahead) run ahead colocated_2:0 "algo.engine_capture=ahead" ;;
     first_use) run first_use colocated_2:0 "algo.engine_capture=first_use" ;;

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlfarm.engines.hf import HFEngine
+from rlfarm.engines.buckets import buckets, contexts
 from rlfarm.engines.static_decoder import CACHE_ROUNDING, supports
 from rlfarm.models.lm import build_causal_lm, causal_lm, sequence_logprobs
 
@@ -137,10 +138,21 @@ def test_cuda_graphed_refill_through_buckets_equals_the_eager_fixed_batch(compil
         b = eager.generate(prompts, n=3, max_new_tokens=30, temperature=1.0, eos_id=EOS)
         assert torch.equal(a.response_mask, b.response_mask) and torch.equal(a.response_ids, b.response_ids)
         torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
-        # the first call captures every (batch, context) pair, the second none
+        # ahead: the first call captures every (batch, context) pair, the second none; first_use: each call the pairs
+        # it steps three times or more and has no graph of (the second call's seed gives another schedule)
         captured = graphed.last_call.graphs_captured
-        assert captured > 3 if call == 0 else captured == 0
+        if call == 0:
+            assert captured > 3
+        elif capture == "ahead":
+            assert captured == 0
     assert graphed.last_call.smallest_bucket == 16 and graphed.last_call.prefills > 1
+    state = next(iter(graphed._static.states.values()))
+    sizes, windows = buckets(state.slots), contexts(state.cache_len, max(map(len, prompts)), 8)
+    assert graphed._static.graphs_captured == len(state.graphs)  # the first call's and the second's
+    if capture == "first_use":  # only the pairs the calls stepped
+        assert len(state.graphs) < len(sizes) * len(windows), (len(state.graphs), sizes, windows)
+    else:
+        assert len(state.graphs) == len(sizes) * len(windows)
     assert graphed.last_call.mean_context < 0.8 * eager.last_call.mean_context
     graphed.sleep()  # a colocated engine between steps: memory given back, every graph captured again at wake
     graphed.wake()
