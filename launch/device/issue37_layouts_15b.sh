@@ -44,3 +44,5 @@ for colocated in ("ahead", "first_use"):
         print(f"split_1_1 k=1 / colocated_2 k=0 ({colocated}): {rates['split'] / rates[colocated]:.3f}")
 PY
 cat "$OUT/timeline.txt"
+# the device tool brings back only a few files: every run's folder travels in one archive
+(cd "$OUT" && tar czf layouts.tgz --exclude=layouts.tgz -- */ && rm -rf -- */)
