@@ -38,6 +38,7 @@ class WeightSync(Choice):
 class EngineCapture(Choice):  # when the built-in engine captures its decode step's graphs (rlfarm/engines/decode_graphs.py)
     ahead = "ahead"
     first_use = "first_use"
+    auto = "auto"
 
 
 class DataParallel(Choice):  # rlfarm.data_parallel: a learner holding > 1 GPU

@@ -62,7 +62,7 @@ class HFEngine(Engine):
     fuse_projections: the static decoder runs each layer's q/k/v, and its MLP's gate/up, as one GEMM over a buffer
     whose row blocks are the modules' own parameters (`rlfarm.engines.fused_projections`; in-place weight updates
     reach it); False: a GEMM per module (the comparison `rlfarm bench engine` draws). capture: when the static
-    decoder's CUDA graphs are captured, "ahead" (before a call) or "first_use" (`rlfarm.engines.decode_graphs`).
+    decoder's CUDA graphs are captured, "ahead" (before a call), "first_use" or "auto" (`rlfarm.engines.decode_graphs`).
     """
 
     def __init__(self, model: nn.Module, pad_id: int, device: torch.device | str = "cpu", seed: int = 0,

@@ -112,7 +112,9 @@ class StaticDecoder:
         self.kv_heads = config.num_key_value_heads
         self.groups = config.num_attention_heads // config.num_key_value_heads
         self.cuda_graphs, self.max_cached_shapes = cuda_graphs, max_cached_shapes
-        self.capture = decode_graphs.check_capture(capture)  # "ahead" or "first_use" (`rlfarm.engines.decode_graphs`)
+        # "ahead", "first_use" or "auto" (`rlfarm.engines.decode_graphs`); auto: first_use once a sleep drops the graphs
+        self.capture = "ahead" if decode_graphs.check_capture(capture) == "auto" else capture
+        self.capture_after_sleep = "first_use" if capture == "auto" else capture
         self.context_step = context_step  # columns between context buckets (None: attend to the whole row)
         # "rows": the per-row kernel, "matmul": two matmuls over the bucket, "auto": rows where Triton runs (CUDA)
         if attention not in ("auto", "rows", "matmul"):
@@ -146,6 +148,7 @@ class StaticDecoder:
         """Drop caches, graphs and fused buffers (they point at memory that `sleep` gives back)."""
         self.states.clear()
         self.projections.release()
+        self.capture = self.capture_after_sleep
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, prompt_mask: torch.Tensor, n: int, max_new_tokens: int,

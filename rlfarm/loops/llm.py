@@ -136,7 +136,7 @@ class LLMLoop(SyncLoop):
         lengths = synthetic_lengths(OmegaConf.to_container(cfg.algo.synthetic_lengths)
                                     if cfg.algo.get("synthetic_lengths") else None)  # a mapping (`check_text_policy`)
         self.synthetic_lengths = asdict(lengths) if lengths else None  # a speed-run setting: the summary says so
-        engine_options = {"synthetic_lengths": lengths, "capture": str(cfg.algo.get("engine_capture", "ahead"))}
+        engine_options = {"synthetic_lengths": lengths, "capture": str(cfg.algo.get("engine_capture", "auto"))}
         self.engines = [
             ray.remote(concurrency_groups={**WATCH, "sync": 1})(EngineRole).options(
                 **placed.options(place), **restartable).remote(

@@ -91,6 +91,17 @@ def test_cache_shapes_beyond_the_limit_are_dropped_oldest_first():
     assert engine.generate(PROMPTS, n=1, max_new_tokens=2, temperature=0.0).response_ids.shape == (3, 2)
 
 
+def test_auto_capture_is_ahead_until_the_first_sleep_then_first_use():
+    engine = HFEngine(tiny_model(), pad_id=PAD, capture="auto")
+    assert engine._static.capture == "ahead"  # an engine that never sleeps keeps its graphs: capture them once, ahead
+    engine.sleep()
+    engine.wake()
+    assert engine._static.capture == "first_use"  # each sleep drops them: from now on only the pairs a call steps
+    assert engine.generate(PROMPTS, n=1, max_new_tokens=2, temperature=0.0).response_ids.shape == (3, 2)
+    with pytest.raises(ValueError, match="capture must be one of"):
+        HFEngine(tiny_model(), pad_id=PAD, capture="later")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("compile", [False, True])
 def test_cuda_graphed_steps_equal_eager_steps_and_the_learner(compile):
