@@ -139,6 +139,11 @@ class StaticDecoder:
         return self.base.lm_head.weight.device
 
     @property
+    def graphed(self) -> bool:
+        """Whether steps run as CUDA graphs (else eagerly)."""
+        return self.cuda_graphs and self.device.type == "cuda"
+
+    @property
     def row_kernel(self) -> bool:
         """Whether steps attend through the per-row kernel (else the matmul path)."""
         auto = self.attention == "auto" and self.device.type == "cuda" and row_kernel_available(self.device)
@@ -370,7 +375,7 @@ class StaticDecoder:
         if self.compiled:
             decode_state.mark_dynamic(state)
         run = lambda: self._step(state, sampling)  # noqa: E731
-        if not (self.cuda_graphs and self.device.type == "cuda"):
+        if not self.graphed:
             return run
         key = (size, context, sampling, self.row_kernel, self.projections.fuse)
         if key in root.graphs:

@@ -7,7 +7,8 @@ import torch
 
 from rlfarm.engines.hf import HFEngine
 from rlfarm.engines.buckets import buckets, contexts
-from rlfarm.engines.static_decoder import CACHE_ROUNDING, supports
+from rlfarm.engines import decode_graphs
+from rlfarm.engines.static_decoder import CACHE_ROUNDING, StaticDecoder, supports
 from rlfarm.models.lm import build_causal_lm, causal_lm, sequence_logprobs
 
 PAD, EOS = 0, 2
@@ -100,6 +101,38 @@ def test_auto_capture_is_ahead_until_the_first_sleep_then_first_use():
     assert engine.generate(PROMPTS, n=1, max_new_tokens=2, temperature=0.0).response_ids.shape == (3, 2)
     with pytest.raises(ValueError, match="capture must be one of"):
         HFEngine(tiny_model(), pad_id=PAD, capture="later")
+
+
+def test_first_use_steps_a_pair_eagerly_twice_then_captures_it_once_and_replays(monkeypatch):
+    # the sequencing alone, on a CPU: a stand-in "graph" replays the step it was captured from (the GPU tests below
+    # check real graphs against eager steps)
+    steps, eager_before_capture = [], []  # the views stepped, in order; per capture, its view's steps before it
+
+    def capture(root, key, run, device):
+        eager_before_capture.append(steps.count(id(root.view(key[0], key[1]))))
+        root.graphs[key] = type("Replay", (), {"replay": staticmethod(run)})()
+        return root.graphs[key]
+
+    monkeypatch.setattr(decode_graphs, "capture", capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(StaticDecoder, "graphed", property(lambda self: self.cuda_graphs))  # as if on CUDA
+    lengths = {"median_frac": 0.2, "p99_frac": 1.0}
+    graphed = HFEngine(tiny_model(), pad_id=PAD, seed=5, max_batch=40, synthetic_lengths=lengths, capture="first_use")
+    eager = HFEngine(tiny_model(), pad_id=PAD, seed=5, max_batch=40, synthetic_lengths=lengths, cuda_graphs=False)
+    decoder = graphed._static
+    decoder.context_step = eager._static.context_step = 8  # several (batch, context) pairs
+    prompts = [[3 + (i * 7 + j) % 12 for j in range(5 + i % 4)] for i in range(24)]
+    monkeypatch.setattr(decoder, "_step", lambda state, sampling: steps.append(id(state))
+                        or StaticDecoder._step(decoder, state, sampling))
+    for call in range(2):
+        a = graphed.generate(prompts, n=3, max_new_tokens=30, temperature=1.0, eos_id=EOS)
+        b = eager.generate(prompts, n=3, max_new_tokens=30, temperature=1.0, eos_id=EOS)
+        assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+        if call == 0:
+            first = decoder.last_call.graphs_captured
+            assert first > 3 and eager_before_capture == [2] * first  # two eager steps, then the capture
+    assert decoder.graphs_captured == len(eager_before_capture) == len(next(iter(decoder.states.values())).graphs)
+    assert all(count >= 2 for count in eager_before_capture)  # the second call's: after its own or earlier steps
 
 
 @pytest.mark.gpu
