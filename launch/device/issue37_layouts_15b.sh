@@ -17,7 +17,7 @@ run() {  # name, spec, extra overrides
 }
 runs=${RUNS:-split first_use ahead}
 if [ "${TESTS:-1}" = 1 ]; then  # first_use's GPU test (graphed = eager through refill, captures, sleep and wake)
-  timeout 170 python3 -m pytest -q -p no:cacheprovider tests/engines/test_static_decoder.py -k "refill and cuda" \
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engines/test_static_decoder.py -k "refill and cuda" \
     > "$OUT/capture_tests.log" 2>&1
   rc=$?; log "engine capture tests rc=$rc"; tail -3 "$OUT/capture_tests.log"
   if [ $rc != 0 ]; then runs=${runs/first_use/}; log "first_use left out: its test failed"; fi

@@ -11,7 +11,8 @@ from pathlib import Path
 WARM = int(os.environ.get("WARM", 5))  # updates left out (compile, graph capture)
 KEYS = ("step_s", "generate_s", "update_s", "wait_s", "sync_s", "publish_s", "score_s", "step_samples_per_s",
         "step_tokens_per_s", "generated_tokens_per_s", "engine_busy", "learner_busy", "staleness", "partial_ratio",
-        "kept_groups", "learner_tflops", "mfu", "learner_peak_gib", "engine_capture_s", "engine_graphs_captured")
+        "kept_groups", "learner_tflops", "mfu", "learner_peak_gib", "engine_capture_s", "engine_graphs_captured",
+        "engine_eager_steps")
 
 
 def gpu_busy(csv: Path, start: float, end: float) -> dict:

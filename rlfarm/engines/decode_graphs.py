@@ -67,12 +67,16 @@ def ahead(root, key: tuple, run: Callable[[], None], device: torch.device,
 
 
 class FirstUse:
-    """"first_use"'s step of one pair: eager for its first WARM_UPS steps in the call, then captured and replayed.
-    `captured` is called with the seconds of each capture it makes (not the eager steps: they are the call's)."""
+    """"first_use"'s step of one pair in one call (a call makes its own: the count of eager steps starts again in
+    each, so a pair stepped once in an earlier call is not captured at its first step in this one): eager for its
+    first WARM_UPS steps, then captured and replayed. `captured` is called with the seconds of each capture (not
+    the eager steps: they are the call's own steps), `eager` after each eager step.
+    No other thread runs GPU work during a capture: new weights enter a call only at its pause points between
+    blocks of steps (`rlfarm.engines.weight_gate`), never inside a step, where captures happen."""
 
     def __init__(self, root, key: tuple, run: Callable[[], None], device: torch.device,
-                 captured: Callable[[float], None]):
-        self.root, self.key, self.run, self.device, self.captured = root, key, run, device, captured
+                 captured: Callable[[float], None], eager: Callable[[], None] = lambda: None):
+        self.root, self.key, self.run, self.device, self.captured, self.eager = root, key, run, device, captured, eager
         self.eager_left = WARM_UPS
 
     def __call__(self) -> None:
@@ -80,6 +84,7 @@ class FirstUse:
         if graph is None and self.eager_left > 0:
             self.eager_left -= 1
             self.run()
+            self.eager()
             return
         if graph is None:
             torch.cuda.synchronize(self.device)  # the steps queued so far are not the capture's time

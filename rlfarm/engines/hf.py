@@ -145,8 +145,8 @@ class HFEngine(Engine):
     @torch.no_grad()
     def prepare(self, num_prompts: int, n: int, prompt_len: int, max_new_tokens: int, temperature: float = 1.0,
                 top_p: float = 1.0, eos_id: StopIds = None) -> None:
-        """Allocate the cache of a call of this shape and capture its CUDA graphs now (`StaticDecoder.prepare`),
-        so the call itself does not pay for them. A no-op on the HF-cache path."""
+        """Allocate the cache of a call of this shape and, capturing "ahead", its CUDA graphs now
+        (`StaticDecoder.prepare`), so the call itself does not pay for them. A no-op on the HF-cache path."""
         if self._static is not None:
             sampling = self._sampling(temperature, top_p, eos_id)
             self._static.prepare(num_prompts * n, prompt_len, max_new_tokens, sampling, self.max_batch, self.refill,

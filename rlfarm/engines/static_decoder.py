@@ -90,8 +90,12 @@ class Calls:
     mean_context: float
     prompt_forwards: int = 0  # prompts run through the model (each once per call, `share_prompts`)
     prompt_copies: int = 0    # samples started from another slot's copy of their prompt
-    capture_s: float = 0.0    # seconds its graph captures took ("ahead": with their warm-ups, and compiling at first)
-    graphs_captured: int = 0  # graphs it captured ("ahead": every pair again after a sleep; `decode_graphs`)
+    capture_s: float = 0.0    # seconds its graph captures took ("ahead": with their warm-ups, and compiling at first;
+    graphs_captured: int = 0  # "first_use": the captures alone) and how many (`decode_graphs`)
+    eager_steps: int = 0      # "first_use": steps of pairs without a graph yet, run eagerly (compiling at first)
+
+    def capture_stats(self) -> dict:
+        return {"capture_s": self.capture_s, "graphs_captured": self.graphs_captured, "eager_steps": self.eager_steps}
 
 
 class StaticDecoder:
@@ -124,13 +128,15 @@ class StaticDecoder:
         self.share_prompts = share_prompts  # False: every fill runs its prompts again (rlfarm.engines.prompt_donors)
         self.states: OrderedDict[tuple[int, int], DecodeState] = OrderedDict()
         self.last_call: Calls | None = None
-        self.graphs_captured, self.capture_s = 0, 0.0  # over the decoder's life (a sleep drops the graphs)
+        self.graphs_captured, self.capture_s, self.eager_steps = 0, 0.0, 0  # over its life (a sleep drops graphs)
         # compile fuses the many small kernels of a step (norms, rotary, noise, sampling) before graph capture;
         # slots and cache length are marked dynamic (`decode_state.mark_dynamic`): one compilation for all shapes.
         # With the per-row kernel (outside the graph: `attend_rows`) the break falls inside the layer loop,
         # where dynamo cannot resume: `_forward_next` then runs eagerly and what it calls is compiled, frame by
         # frame, once for all layers (`rlfarm.engines.decode_layers`)
         self.compiled = compile
+        if compile:  # a compilation inside a capture would spoil it: the log names any recompilation's failed guard
+            torch._logging.set_logs(recompiles=True)
         self._sample_fn = torch.compile(self._sample_and_record) if compile else self._sample_and_record
         self._forward_fn = torch.compile(self._forward_next) if compile else self._forward_next
 
@@ -171,7 +177,7 @@ class StaticDecoder:
         width = the longest sample."""
         prompts, prompt_len = prompt.shape
         samples = prompts * n
-        graphs_before, capture_s_before = self.graphs_captured, self.capture_s
+        before = (self.capture_s, self.graphs_captured, self.eager_steps)
         state, sizes, steps = self.prepare(samples, prompt_len, max_new_tokens, sampling, max_batch, refill,
                                            ragged=bool(sampling.stop_ids) or lengths is not None)
         windows = contexts(state.cache_len, prompt_len, self.context_step)
@@ -243,7 +249,8 @@ class StaticDecoder:
                 decode_state.shrink(state, holder, started, sizes)
                 donors.clear()  # rows moved (and nothing is left to start)
         self.last_call = Calls(decoded, prefills, slots, smallest, attended / max(decoded, 1), donors.forwards,
-                               donors.copies, self.capture_s - capture_s_before, self.graphs_captured - graphs_before)
+                               donors.copies, *(now - then for now, then in zip(
+                                   (self.capture_s, self.graphs_captured, self.eager_steps), before)))
         width = max(int(out[2].sum(dim=1).max()), 1)
         return tuple(tensor[:, :width] for tensor in out)
 
@@ -381,9 +388,12 @@ class StaticDecoder:
         if key in root.graphs:
             return root.graphs[key].replay
         if self.capture == "first_use":
-            return decode_graphs.FirstUse(root, key, run, self.device, self._captured)
+            return decode_graphs.FirstUse(root, key, run, self.device, self._captured, self._stepped_eagerly)
         return decode_graphs.ahead(root, key, run, self.device, self._captured).replay
 
     def _captured(self, seconds: float) -> None:
         self.graphs_captured += 1
         self.capture_s += seconds
+
+    def _stepped_eagerly(self) -> None:
+        self.eager_steps += 1

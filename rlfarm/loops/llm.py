@@ -288,9 +288,8 @@ class LLMLoop(SyncLoop):
             "engine_busy": min(1.0, sum(generate) / (len(generate) * max(step_s, 1e-9))),
             "learner_busy": min(1.0, metrics["update_s"] / max(step_s, 1e-9)),
             "engine_peak_gib": max((s["peak_gib"] for s in stats if s.get("peak_gib") is not None), default=None),
-            "engine_capture_s": max((s["capture_s"] for s in stats if s.get("capture_s") is not None), default=None),
-            "engine_graphs_captured": max((s["graphs_captured"] for s in stats if s.get("graphs_captured") is not None),
-                                          default=None)}
+            **{f"engine_{key}": max((s[key] for s in stats if s.get(key) is not None), default=None)
+               for key in ("capture_s", "graphs_captured", "eager_steps")}}  # the slowest engine's: `decode_graphs`
 
     def _name(self, engine) -> str:
         return f"engine {self.engines.index(engine)}"

@@ -135,7 +135,7 @@ class EngineRole:
                             ) -> tuple[tuple[Rollout, list[str]], dict]:
         """`generate`, and what the driver reads without fetching the rollout (call with num_returns=2): {"generate_s",
         "tokens", "policy_version" (the learner's, of the weights used), "streams" (after it, for a checkpoint),
-        "peak_gib" (the engine process's peak CUDA memory during it), "capture_s", "graphs_captured" (CUDA graphs)}."""
+        "peak_gib" (the engine process's peak CUDA memory during it), "capture_s", "graphs_captured", "eager_steps" (its CUDA graphs)}."""
         started = time.perf_counter()
         with self.stages.timing("generate"):
             generated = self.generate(min_version, timeout_s)
@@ -144,7 +144,7 @@ class EngineRole:
         return generated, {"generate_s": time.perf_counter() - started, "tokens": int(rollout.response_mask.sum()),
                            "policy_version": rollout.weight_version, "streams": engine_streams(self.task, self.engine),
                            "peak_gib": measured_peak_gib(str(self.engine.device)),  # this generation's (None: CPU)
-                           "capture_s": call and call.capture_s, "graphs_captured": call and call.graphs_captured}
+                           **(call.capture_stats() if call else {})}
 
     def reseed(self, streams: int | dict) -> None:
         """New prompt and sampling streams from a seed (a restarted engine), or, resuming, both continued from the
