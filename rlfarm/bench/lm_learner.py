@@ -78,7 +78,8 @@ def run(cfg: DictConfig, device: str) -> list[dict]:
                "activation_checkpointing": recompute, "compile_layers": settings.compile_layers,
                "real_tokens": tokens, "padded_tokens": rows * (prompt_len + cap),
                "peak_gib": None if measured["learner_peak_gib"] is None else round(measured["learner_peak_gib"], 2),
-               "estimate_gib": round(sum(estimate.values()) / GIB, 2)}
+               "estimate_gib": round(sum(estimate.values()) / GIB, 2),
+               "timed_compiles": measured["learner_compiles"], "alloc_retries": measured["learner_alloc_retries"]}
         if settings.compile_layers:
             row |= {"compile_s": round(measured["warmup_s"] - seconds, 3), "compiles": compiled_graphs() - graphs}
         log.info("%s: %.3g TFLOP/s of model FLOPs (%s), %.2f s an update, peak %s GiB (estimate %s)", row["case"],
@@ -104,8 +105,9 @@ def timed_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rollo
 
     warmup = update()
     measured_peak_gib(device)  # reads and resets the peak: `figures.of` below reads the timed updates' own
+    figures = UpdateFigures(model, device)  # its compile and allocator-retry counts start here: the timed updates'
     seconds = sorted(update() for _ in range(repeats))[repeats // 2]
-    return seconds, UpdateFigures(model, device).of(int(rollout.attention_mask().sum()), seconds) | {"warmup_s": warmup}
+    return seconds, figures.of(int(rollout.attention_mask().sum()), seconds) | {"warmup_s": warmup}
 
 
 def synthetic_step(rows: int, prompt_len: int, cap: int, vocab: int, seed: int, device: str) -> Rollout:

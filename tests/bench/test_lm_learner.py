@@ -32,3 +32,5 @@ def test_bench_lm_learner_on_cpu_times_the_update_against_a_matmul(tmp_path):
     assert (compiled["packed"], compiled["compile_layers"], packed["compile_layers"]) == (True, True, False)
     # compiled in the untimed first update, once: pieces of other lengths reuse the graph (dynamic token counts)
     assert compiled["compile_s"] > 0 and compiled["compiles"] == 1 and "compile_s" not in packed
+    # the timed updates compile nothing new (the warm-up compiled the blocks); no allocator on a CPU
+    assert compiled["timed_compiles"] == 0 and compiled["alloc_retries"] is None
