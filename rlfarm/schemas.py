@@ -35,7 +35,7 @@ class WeightSync(Choice):
     ipc = "ipc"
 
 
-class EngineCapture(Choice):  # when the built-in engine captures its decode step's graphs (rlfarm/engines/decode_graphs.py)
+class EngineCapture(Choice):  # when the engine captures its decode step's graphs (rlfarm/engines/decode_graphs.py)
     ahead = "ahead"
     first_use = "first_use"
     auto = "auto"

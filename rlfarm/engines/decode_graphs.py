@@ -34,7 +34,7 @@ def check_capture(capture: str) -> str:
     return capture
 
 
-def capture(root, key: tuple, run: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph:
+def capture(root, key: tuple, run: Callable[[], None]) -> torch.cuda.CUDAGraph:
     """Record `run` as `root`'s graph for `key`, into the pool all of `root`'s graphs share (a step's temporaries
     do not outlive its replay, and steps replay one at a time)."""
     if root.graph_pool is None:
@@ -61,7 +61,7 @@ def ahead(root, key: tuple, run: Callable[[], None], device: torch.device,
     """"ahead": warm `run` up and capture it; `captured` is called with the seconds both took."""
     started = time.perf_counter()
     warm_up(run, device)
-    graph = capture(root, key, run, device)  # its start waits for the warm-ups
+    graph = capture(root, key, run)  # its start waits for the warm-ups
     captured(time.perf_counter() - started)
     return graph
 
@@ -89,6 +89,6 @@ class FirstUse:
         if graph is None:
             torch.cuda.synchronize(self.device)  # the steps queued so far are not the capture's time
             started = time.perf_counter()
-            graph = capture(self.root, self.key, self.run, self.device)
+            graph = capture(self.root, self.key, self.run)
             self.captured(time.perf_counter() - started)
         graph.replay()

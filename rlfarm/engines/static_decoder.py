@@ -145,8 +145,7 @@ class StaticDecoder:
         return self.base.lm_head.weight.device
 
     @property
-    def graphed(self) -> bool:
-        """Whether steps run as CUDA graphs (else eagerly)."""
+    def graphed(self) -> bool:  # steps run as CUDA graphs (else eagerly)
         return self.cuda_graphs and self.device.type == "cuda"
 
     @property
@@ -177,7 +176,7 @@ class StaticDecoder:
         width = the longest sample."""
         prompts, prompt_len = prompt.shape
         samples = prompts * n
-        before = (self.capture_s, self.graphs_captured, self.eager_steps)
+        before = self._capture_totals()
         state, sizes, steps = self.prepare(samples, prompt_len, max_new_tokens, sampling, max_batch, refill,
                                            ragged=bool(sampling.stop_ids) or lengths is not None)
         windows = contexts(state.cache_len, prompt_len, self.context_step)
@@ -249,8 +248,7 @@ class StaticDecoder:
                 decode_state.shrink(state, holder, started, sizes)
                 donors.clear()  # rows moved (and nothing is left to start)
         self.last_call = Calls(decoded, prefills, slots, smallest, attended / max(decoded, 1), donors.forwards,
-                               donors.copies, *(now - then for now, then in zip(
-                                   (self.capture_s, self.graphs_captured, self.eager_steps), before)))
+                               donors.copies, *(now - then for now, then in zip(self._capture_totals(), before)))
         width = max(int(out[2].sum(dim=1).max()), 1)
         return tuple(tensor[:, :width] for tensor in out)
 
@@ -397,3 +395,6 @@ class StaticDecoder:
 
     def _stepped_eagerly(self) -> None:
         self.eager_steps += 1
+
+    def _capture_totals(self) -> tuple[float, int, int]:  # over the decoder's life, in `Calls`' order
+        return self.capture_s, self.graphs_captured, self.eager_steps

@@ -287,9 +287,9 @@ class LLMLoop(SyncLoop):
             "step_tokens_per_s": tokens / max(step_s, 1e-9),
             "engine_busy": min(1.0, sum(generate) / (len(generate) * max(step_s, 1e-9))),
             "learner_busy": min(1.0, metrics["update_s"] / max(step_s, 1e-9)),
-            "engine_peak_gib": max((s["peak_gib"] for s in stats if s.get("peak_gib") is not None), default=None),
+            # the largest engine's: its peak memory, its graph captures (`decode_graphs`)
             **{f"engine_{key}": max((s[key] for s in stats if s.get(key) is not None), default=None)
-               for key in ("capture_s", "graphs_captured", "eager_steps")}}  # the slowest engine's: `decode_graphs`
+               for key in ("peak_gib", "capture_s", "graphs_captured", "eager_steps")}}
 
     def _name(self, engine) -> str:
         return f"engine {self.engines.index(engine)}"

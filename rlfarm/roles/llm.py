@@ -135,12 +135,12 @@ class EngineRole:
                             ) -> tuple[tuple[Rollout, list[str]], dict]:
         """`generate`, and what the driver reads without fetching the rollout (call with num_returns=2): {"generate_s",
         "tokens", "policy_version" (the learner's, of the weights used), "streams" (after it, for a checkpoint),
-        "peak_gib" (the engine process's peak CUDA memory during it), "capture_s", "graphs_captured", "eager_steps" (its CUDA graphs)}."""
+        "peak_gib" (its peak CUDA memory in it), "capture_s", "graphs_captured", "eager_steps" (its graphs)}."""
         started = time.perf_counter()
         with self.stages.timing("generate"):
             generated = self.generate(min_version, timeout_s)
         rollout = generated[0]
-        call = getattr(self.engine, "last_call", None)  # the built-in engine's (None: the HF cache path, vLLM)
+        call = getattr(self.engine, "last_call", None)  # the built-in engine's (None: HF cache path, vLLM)
         return generated, {"generate_s": time.perf_counter() - started, "tokens": int(rollout.response_mask.sum()),
                            "policy_version": rollout.weight_version, "streams": engine_streams(self.task, self.engine),
                            "peak_gib": measured_peak_gib(str(self.engine.device)),  # this generation's (None: CPU)

@@ -109,7 +109,7 @@ def test_first_use_steps_a_pair_eagerly_twice_then_captures_it_once_and_replays(
     # the views stepped, in order; where the current call's steps start; per capture, its view's steps in the call
     steps, call_start, eager_before_capture = [], [0], []
 
-    def capture(root, key, run, device):
+    def capture(root, key, run):
         eager_before_capture.append(steps[call_start[0]:].count(id(root.view(key[0], key[1]))))
         root.graphs[key] = type("Replay", (), {"replay": staticmethod(run)})()
         return root.graphs[key]
@@ -139,7 +139,7 @@ def test_first_use_counts_its_eager_steps_again_in_each_call(monkeypatch):
     # a pair stepped once in one call is stepped eagerly again at its first step in the next: a capture always
     # follows two eager runs in the same call (the state's memory may have been freed and allocated anew between)
     ran, captured = [], []
-    monkeypatch.setattr(decode_graphs, "capture", lambda root, key, run, device: captured.append(key)
+    monkeypatch.setattr(decode_graphs, "capture", lambda root, key, run: captured.append(key)
                         or root.graphs.setdefault(key, type("Replay", (), {"replay": staticmethod(run)})()))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     root = type("Root", (), {"graphs": {}})()
