@@ -18,15 +18,15 @@
 # UTD 0.75: the learner is then the pipeline's limit (~2,900 updates/s need ~3,900 env steps/s, which 24 runners
 # exceed; at UTD 0.25 it would need ~11,600, which a 32-core machine's runners do not reach, and its speed could not
 # be judged), and one reward GPU is asked for as many frames per update as each of split_1_3's three at UTD 0.25.
-# Usage (device tool, kind nvidia-h200-x2; carry .devpkgs, .gl and .wt_farm2, a copy of this tree with the mujoco,
-# mujoco-core, glfw and pyopengl wheels in .wt_farm2/whl):
-#   source .devpkgs/setup.sh && cd .wt_farm2 && export PYTHONPATH=$PWD:$PYTHONPATH && bash launch/device/issue36_split_1_1.sh
-# RUNS picks runs (default: env_frames clip_bf16 clip_fp8 judge; also clip_mps, judge_mps (topology.mps=true) and
-# distilled (reward=distilled, item 5)); each reward run brings its own ceiling (the MPS runs and distilled their plain
-# model's); the learner's bench runs beside the ceilings. TESTS=1 first runs the MPS GPU test (tests/test_mps.py).
+# Usage (device tool, kind nvidia-h200-x2; carry .devpkgs, whose wheels include mujoco, glfw and pyopengl, and .gl,
+# the GL libraries' .deb files):
+#   source .devpkgs/setup.sh && bash launch/device/issue36_split_1_1.sh
+# RUNS picks runs and their order (default: env_frames clip_bf16 clip_fp8 judge; also clip_mps, judge_mps
+# (topology.mps=true) and distilled (reward=distilled, item 5)); each reward run brings its own ceiling (the MPS runs
+# and distilled their plain model's); the learner's bench runs beside the ceilings. TESTS=1 first runs the MPS GPU test (tests/test_mps.py).
 # DEVICE=cpu: a dry run of every command at tiny sizes on a CPU machine (GPUs declared to Ray, tiny models).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; W=${WORK:-/tmp/i36}; GL=${GL:-../.gl}; WHL=${WHL:-whl}; DEVICE=${DEVICE:-cuda}
+OUT=${OUT:-/tmp/out}; W=${WORK:-/tmp/i36}; GL=${GL:-.gl}; WHL=${WHL:-.devpkgs/whl}; DEVICE=${DEVICE:-cuda}
 RUNNERS=${RUNNERS:-24}; JUDGE_RUNNERS=${JUDGE_RUNNERS:-8}; NUM_ENVS=${NUM_ENVS:-4}; UTD=${UTD:-0.75}
 BATCH=${BATCH:-1024}; WALL=${WALL:-35}; JUDGE=${JUDGE:-qwen2-vl-2b_shape}
 # 90 s: a cold machine's first learner update compiles for ~25 s of the judge's run (a 45-s run gave 0.31x, no figure)
@@ -143,21 +143,28 @@ profile_labelers() {  # py-spy on every labeler for PROFILE_S s, from 5 s after 
 placement() {  # which processes hold which GPU, once the env-reward run is acting
   sleep "${PLACEMENT_AT:-45}"; has_smi && nvidia-smi > "$W/placement.txt" 2>&1
 }
-probe=""; wanted env_frames && { placement & probe=$!; }
-train env_frames $WALL 60 reward=env topology.roles.env_runner.count=$RUNNERS labeler.bus_items=1024
-[ -n "$probe" ] && kill $probe 2> /dev/null
-# the order is the priority when the call runs short (`train` skips a run that no longer fits)
+# the runs in the order RUNS names them: that order is the priority when the call runs short (`train` skips a run
+# that no longer fits)
 clip() { RUN_UTD=$CLIP_UTD RUN_ENVS=$CLIP_ENVS train "$1" $WALL 120 reward=clip reward.model="$CLIP" topology.roles.env_runner.count=$CLIP_RUNNERS labeler.bus_items=1024 "${@:2}"; }
 judge() { train "$1" $JUDGE_WALL 90 topology.roles.env_runner.count=$JUDGE_RUNNERS labeler.bus_items=256 "${@:2}"; }
-clip clip_bf16 reward.compile=true
-judge judge reward=vlm_judge reward.model=$JUDGE
-judge judge_mps reward=vlm_judge reward.model=$JUDGE topology.mps=true
-clip clip_mps reward.compile=true topology.mps=true
-clip clip_fp8 reward.precision=fp8
-# item 5: the judge labels a tenth of the frames once a PixelCNN student fitted online agrees; random weights agree
-# with nothing, so the student goes warm on the label count alone (warm_agreement=-1): a throughput figure only
-FRAME_KEY=reward.teacher.frame_size judge distilled reward=distilled reward.teacher.model=$JUDGE reward.teacher_fraction=0.1 reward.warm_agreement=-1 \
-  reward.min_teacher_labels=2048
+for name in $RUNS; do
+  case $name in
+    env_frames)
+      placement & probe=$!
+      train env_frames $WALL 60 reward=env topology.roles.env_runner.count=$RUNNERS labeler.bus_items=1024
+      kill $probe 2> /dev/null ;;
+    clip_bf16) clip clip_bf16 reward.compile=true ;;
+    clip_mps) clip clip_mps reward.compile=true topology.mps=true ;;
+    clip_fp8) clip clip_fp8 reward.precision=fp8 ;;
+    judge) judge judge reward=vlm_judge reward.model=$JUDGE ;;
+    judge_mps) judge judge_mps reward=vlm_judge reward.model=$JUDGE topology.mps=true ;;
+    # item 5: the judge labels a tenth of the frames once a PixelCNN student fitted online agrees; random weights
+    # agree with nothing, so the student goes warm on the label count alone (warm_agreement=-1): a throughput figure
+    distilled) FRAME_KEY=reward.teacher.frame_size judge distilled reward=distilled reward.teacher.model=$JUDGE \
+                 reward.teacher_fraction=0.1 reward.warm_agreement=-1 reward.min_teacher_labels=2048 ;;
+    *) log "unknown run $name (env_frames clip_bf16 clip_mps clip_fp8 judge judge_mps distilled)" ;;
+  esac
+done
 log "done"
 collect; logs
 python3 -c "import json; print(json.dumps(json.load(open('$OUT/issue36.json'))['checks'], indent=1))"
