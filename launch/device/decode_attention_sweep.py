@@ -7,7 +7,7 @@
 2. the step's weight GEMMs at 256 rows (fused q/k/v, o, fused gate/up, down, the head) through cuBLAS as torch calls
    them, and with `--autotune` through inductor's max-autotune (Triton templates) — TFLOP/s each.
 
-Usage (device tool): source .devpkgs/setup.sh && python launch/device/decode_attention_sweep.py [--autotune]
+Usage (device tool): source .devpkgs/setup.sh && python launch/device/decode_attention_sweep.py [--autotune] [--gemms]
 Writes $OUT/decode_attention_sweep.json and prints a table."""
 from __future__ import annotations
 
@@ -92,22 +92,30 @@ def attention_sweep(context: str, quick: bool) -> list[dict]:
 
 
 def gemm_rows(autotune: bool) -> list[dict]:
+    """Each GEMM once per layer, each layer its own weight (as in the model: a weight shared by 28 launches would
+    sit in L2 for the small ones), through cuBLAS as torch calls it (`cublas`: x @ W^T), through cuBLAS with the
+    operands swapped (`cublas_swapped`: (W @ x^T)^T, the 256 rows as the product's narrow side, which can pick other
+    tiles; the result's layout is transposed and left so), and with `autotune` through inductor's max-autotune."""
     gen = torch.Generator(device="cuda").manual_seed(1)
     x = {k: torch.randn(ROWS, k, device="cuda", dtype=torch.bfloat16, generator=gen) for k in (HIDDEN, INTER)}
     rows = []
     for name, (out, inner, biased) in GEMMS.items():
-        weight = torch.randn(out, inner, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
-        bias = torch.zeros(out, device="cuda", dtype=torch.bfloat16) if biased else None
         layers = 1 if name == "head" else LAYERS
+        weights = [torch.randn(out, inner, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+                   for _ in range(layers)]
+        bias = torch.zeros(out, device="cuda", dtype=torch.bfloat16) if biased else None
         flop = 2 * ROWS * out * inner * layers
-        paths = {"cublas": lambda: F.linear(x[inner], weight, bias)}
+        paths = {"cublas": lambda w: F.linear(x[inner], w, bias),
+                 "cublas_swapped": lambda w: torch.addmm(bias[:, None], w, x[inner].t()) if bias is not None
+                 else w @ x[inner].t()}
         if autotune:
-            tuned = torch.compile(lambda a: F.linear(a, weight, bias), mode="max-autotune-no-cudagraphs", dynamic=False)
-            paths["max-autotune"] = lambda: tuned(x[inner])
+            tuned = torch.compile(lambda a, w: F.linear(a, w, bias), mode="max-autotune-no-cudagraphs", dynamic=False)
+            paths["max-autotune"] = lambda w: tuned(x[inner], w)
         for path, call in paths.items():
-            ms = graph_ms(lambda: [call() for _ in range(layers)])
+            ms = graph_ms(lambda: [call(w) for w in weights])
             rows.append({"case": f"gemm {name}", "path": path, "m_n_k": [ROWS, out, inner], "layers": layers,
                          "ms_per_step": round(ms, 3), "tflop_s": round(flop / ms / 1e9, 1)})
+        del weights
     return rows
 
 
@@ -115,12 +123,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--autotune", action="store_true", help="also inductor's max-autotune GEMMs (minutes)")
     parser.add_argument("--quick", action="store_true", help="two launch choices, no GEMMs")
+    parser.add_argument("--gemms", action="store_true", help="the GEMMs alone, no attention")
     args = parser.parse_args()
-    rows = attention_sweep("even", args.quick) + attention_sweep("ragged", args.quick)
+    rows = [] if args.gemms else attention_sweep("even", args.quick) + attention_sweep("ragged", args.quick)
     rows += [] if args.quick else gemm_rows(args.autotune)
     out = Path(os.environ.get("OUT", ".")) / "decode_attention_sweep.json"
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
-    for context in ("even", "ragged"):
+    for context in () if args.gemms else ("even", "ragged"):
         timed = sorted((row for row in rows if row["case"] == f"attention {context}" and "ms_per_step" in row),
                        key=lambda row: row["ms_per_step"])
         default = next((row for row in timed if row["default"]), None)

@@ -12,7 +12,7 @@
 # (~9 min with the tests; TESTS=0: the bench alone, BENCH=0: the tests alone, each in a call of its own).
 # SWEEP=1 first times the attention kernel's launch choices and the step's GEMMs alone
 # (launch/device/decode_attention_sweep.py → $OUT/decode_attention_sweep.json; AUTOTUNE=1 adds inductor's GEMMs,
-# QUICK=1 only two launch choices).
+# QUICK=1 only two launch choices, GEMMS=1 only the GEMMs).
 set -uo pipefail
 export OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 mkdir -p "$OUT"
@@ -21,7 +21,8 @@ rm -rf "$run"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ "${SWEEP:-0}" = 1 ]; then
   timeout "${SWEEP_TIMEOUT:-240}" python3 launch/device/decode_attention_sweep.py \
-    $([ "${AUTOTUNE:-0}" = 1 ] && echo --autotune) $([ "${QUICK:-0}" = 1 ] && echo --quick) > "$OUT/sweep.log" 2>&1 || echo "sweep failed: $?" | tee -a "$OUT/failed.txt"
+    $([ "${AUTOTUNE:-0}" = 1 ] && echo --autotune) $([ "${QUICK:-0}" = 1 ] && echo --quick) \
+    $([ "${GEMMS:-0}" = 1 ] && echo --gemms) > "$OUT/sweep.log" 2>&1 || echo "sweep failed: $?" | tee -a "$OUT/failed.txt"
   tail -40 "$OUT/sweep.log"
 fi
 if [ "${BENCH:-1}" = 1 ]; then
