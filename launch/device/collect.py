@@ -121,9 +121,9 @@ def issue36(root):
     judged = ("judge", "judge_mps", "distilled")  # slower than learning_starts allows: windows from the first labels
     runs = {name: run_figures(root / "runs" / name, root / f"gpu_{name}.csv",
                               "transitions_labeled" if name in judged else "updates")
-            for name in ("env_frames", "clip_bf16", "clip_mps", "clip_fp8", *judged)}
+            for name in ("env_frames", "clip_bf16", "clip_mps", "clip_mps_r0", "clip_fp8", *judged)}
     rate = lambda run, key: (runs[run].get("steady") or {}).get(key)  # noqa: E731
-    plain = {"clip_mps": "clip_bf16", "judge_mps": "judge", "distilled": "judge"}  # whose ceiling a run is held to
+    plain = {"clip_mps": "clip_bf16", "clip_mps_r0": "clip_bf16", "judge_mps": "judge", "distilled": "judge"}  # whose ceiling a run is held to
     ceiling = lambda name: ceilings.get(plain.get(name, name), {}).get("img_per_s")  # noqa: E731
     env = rate("env_frames", "env_steps_per_s")
     checks = {
@@ -132,7 +132,7 @@ def issue36(root):
                                            "target": 0.9},
         **{f"b_{run}_labeled_vs_direct": {"labeled_per_s": rate(run, "labeled_per_s"), "direct": ceiling(run),
                                           "ratio": ratio(rate(run, "labeled_per_s"), ceiling(run)), "target": 0.9}
-           for run in ("clip_bf16", "clip_mps", "clip_fp8")},
+           for run in ("clip_bf16", "clip_mps", "clip_mps_r0", "clip_fp8")},
         **{f"b_{run}_env_steps_vs_env_run": {"env_steps_per_s": rate(run, "env_steps_per_s"), "env_run": env,
                                              "ratio": ratio(rate(run, "env_steps_per_s"), env), "target": target}
            for run, target in (("clip_bf16", 0.75), ("clip_fp8", 0.9))},

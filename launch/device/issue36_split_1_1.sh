@@ -60,8 +60,9 @@ else
   CLIP_SHAPE=vit-l-14; RUNS=${RUNS:-env_frames clip_bf16 clip_fp8 judge}; SIZE=(); FRAME=224
 fi
 wanted() { [[ " $RUNS " == *" $1 "* ]]; }
-needs_case() {  # the ceiling a run is compared with: clip_mps clip_bf16's, judge_mps and distilled the judge's
-  wanted $1 || { [ $1 = clip_bf16 ] && wanted clip_mps; } || { [ $1 = judge ] && { wanted judge_mps || wanted distilled; }; }
+needs_case() {  # the ceiling a run is compared with: clip_mps(_r0) clip_bf16's, judge_mps and distilled the judge's
+  wanted $1 || { [ $1 = clip_bf16 ] && { wanted clip_mps || wanted clip_mps_r0; }; } \
+    || { [ $1 = judge ] && { wanted judge_mps || wanted distilled; }; }
 }
 CASES=$(for case in clip_bf16 clip_fp8 judge; do needs_case $case && echo $case; done)
 CLIP=/tmp/clip-$CLIP_SHAPE
@@ -88,7 +89,7 @@ if [ -n "$RUNS" ]; then  # every run's learner: its first update then finds indu
     > "$W/bench_learner.log" 2>&1 &
   bench_learner=$!
 fi
-wanted clip_bf16 || wanted clip_fp8 || wanted clip_mps || CLIP=/nonexistent
+wanted clip_bf16 || wanted clip_fp8 || wanted clip_mps || wanted clip_mps_r0 || CLIP=/nonexistent
 [ -d "$CLIP" ] || [ "$CLIP" = /nonexistent ] || python3 -m rlfarm.rewards.clip_factory --shape $CLIP_SHAPE --out "$CLIP" > "$W/clip_factory.log" 2>&1
 log "clip model saved"
 echo "$CASES" | wc -w > "$W/sync/PEERS"
@@ -155,6 +156,9 @@ for name in $RUNS; do
       kill $probe 2> /dev/null ;;
     clip_bf16) clip clip_bf16 reward.compile=true ;;
     clip_mps) clip clip_mps reward.compile=true topology.mps=true ;;
+    # the same with every runner rendering on the learner's GPU 0: what the renderers cost the farm on its GPU, and
+    # what they cost the learner (at UTD 0.25 it has room: 20 % busy in clip_mps, 2026-11-30)
+    clip_mps_r0) clip clip_mps_r0 reward.compile=true topology.mps=true 'env.render_gpus=[0]' ;;
     clip_fp8) clip clip_fp8 reward.precision=fp8 ;;
     judge) judge judge reward=vlm_judge reward.model=$JUDGE ;;
     judge_mps) judge judge_mps reward=vlm_judge reward.model=$JUDGE topology.mps=true ;;
@@ -162,7 +166,7 @@ for name in $RUNS; do
     # agree with nothing, so the student goes warm on the label count alone (warm_agreement=-1): a throughput figure
     distilled) FRAME_KEY=reward.teacher.frame_size judge distilled reward=distilled reward.teacher.model=$JUDGE \
                  reward.teacher_fraction=0.1 reward.warm_agreement=-1 reward.min_teacher_labels=2048 ;;
-    *) log "unknown run $name (env_frames clip_bf16 clip_mps clip_fp8 judge judge_mps distilled)" ;;
+    *) log "unknown run $name (env_frames clip_bf16 clip_mps clip_mps_r0 clip_fp8 judge judge_mps distilled)" ;;
   esac
 done
 log "done"
