@@ -278,29 +278,40 @@ def gpu_share_label(p: Placement) -> str:
 
 
 # -- where the runners render (EGL) ------------------------------------------------------------------------------
-# Runners hold no GPU share but draw their frames through EGL on a GPU of their node. On the learner's GPU that cost
-# the learner three quarters of its speed (12 renderers on one H200, docs/benchmarks.md), so where the topology leaves
-# GPUs without a learner the runners render there unless `env.render_gpus` says otherwise.
+# Runners hold no GPU share but draw their frames through EGL on a GPU of their node, and rendering takes GPU time
+# from whatever else runs there. On the learner's GPU that cost the learner three quarters of its speed (12 renderers
+# on one H200, docs/benchmarks.md), so where the topology leaves GPUs without a learner the runners render there
+# unless `env.render_gpus` says otherwise. Where those GPUs hold the reward model's labelers, rendering there costs the
+# farm instead (split_1_1, CLIP: labelers 0.82x their bare tower, 1.07x with the rendering on the learner's GPU):
+# a trade the user makes with `env.render_gpus` when the reward model, not the learner, sets the pace.
 
-def render_layout(requested: list[int] | None, node_gpus: int, learner_gpus: set[int]
+def render_layout(requested: list[int] | None, node_gpus: int, learner_gpus: set[int], labelers_on_gpus: bool = False
                   ) -> tuple[list[int] | None, str | None]:
     """(the GPU indices runners render on — runner i on gpus[i % len]; None: all of the node's —, a warning or None).
 
     requested: `env.render_gpus` (None: not set); node_gpus: GPUs of the learner's node; learner_gpus: the ids the
-    learner's ranks hold there. Unset, the runners render on the node's GPUs that hold no learner, if any. Set, it
-    is kept, with a warning when it puts renderers on a learner's GPU although a GPU without one exists."""
+    learner's ranks hold there; labelers_on_gpus: the reward model's labelers hold GPU shares (they sit on the GPUs
+    without a learner). Unset, the runners render on the node's GPUs that hold no learner, if any. Set, it is kept,
+    with a warning when it puts renderers on a learner's GPU although a GPU without one exists: what it costs, and,
+    where labelers are on the others, what it buys."""
     free = [gpu for gpu in range(node_gpus) if gpu not in learner_gpus]
     if requested is None:
         return (free, None) if learner_gpus and free else (None, None)
     on_learner = sorted(set(requested) & learner_gpus)
     if not (on_learner and free):
         return list(requested), None
-    return list(requested), (f"env.render_gpus={list(requested)} puts EGL renderers on the learner's GPU "
-                             f"{','.join(map(str, on_learner))}, which slows its updates (docs/benchmarks.md); "
-                             f"leave env.render_gpus unset to render on GPU {','.join(map(str, free))}")
+    named = lambda gpus: ",".join(map(str, gpus))  # noqa: E731
+    cost = (f"env.render_gpus={list(requested)} puts EGL renderers on the learner's GPU {named(on_learner)}, which "
+            f"slows its updates")
+    if labelers_on_gpus:
+        return list(requested), (f"{cost}, and keeps them off the labelers' GPU {named(free)}: worth it where the "
+                                 f"reward model sets the pace, not the learner (docs/benchmarks.md, where runners "
+                                 f"render); unset, runners render on GPU {named(free)}")
+    return list(requested), f"{cost} (docs/benchmarks.md); leave env.render_gpus unset to render on GPU {named(free)}"
 
 
-def render_gpus_beside(requested: list[int] | None, learner_gpus: set[int]) -> tuple[list[int] | None, str | None]:
+def render_gpus_beside(requested: list[int] | None, learner_gpus: set[int], labelers_on_gpus: bool = False
+                       ) -> tuple[list[int] | None, str | None]:
     """`render_layout` on a running Ray, whose one GPU node holds the learner. A cluster with several GPU nodes
     keeps `requested` as it is: runners have no pool and may land on another node, with its own GPU indices."""
     import ray
@@ -308,7 +319,7 @@ def render_gpus_beside(requested: list[int] | None, learner_gpus: set[int]) -> t
     gpu_nodes = [node for node in ray.nodes() if node.get("Alive") and node["Resources"].get("GPU", 0) > 0]
     if len(gpu_nodes) != 1:
         return requested, None
-    return render_layout(requested, int(gpu_nodes[0]["Resources"]["GPU"]), learner_gpus)
+    return render_layout(requested, int(gpu_nodes[0]["Resources"]["GPU"]), learner_gpus, labelers_on_gpus)
 
 
 class _GpuIds:
@@ -344,7 +355,8 @@ def render_gpus_for_runners(requested: list[int] | None, placed: PlacedTopology,
     """`env.render_gpus` for the runners of a run on `placed` (`render_layout`), its warning logged once."""
     import logging
 
-    gpus, warning = render_gpus_beside(requested, learner_gpu_ids(placed, timeout_s))
+    labelers_on_gpus = any(p.gpus > 0 for p in placed.plan.of("labeler"))
+    gpus, warning = render_gpus_beside(requested, learner_gpu_ids(placed, timeout_s), labelers_on_gpus)
     if warning:
         logging.getLogger("rlfarm").warning(warning)
     return gpus

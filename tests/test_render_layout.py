@@ -30,6 +30,16 @@ def test_render_gpus_on_a_learner_gpu_are_kept_with_one_warning_line():
     assert render_layout([0], 1, {0}) == ([0], None)  # no GPU without a learner: nothing better to suggest
 
 
+def test_render_gpus_on_the_learner_gpu_beside_gpu_labelers_say_what_the_trade_buys():
+    """Where the GPUs without a learner hold the labelers, rendering on the learner's GPU keeps it off the farm's
+    (split_1_1, CLIP: 1.07x the bare tower against 0.82x): the line says both sides and when it pays."""
+    gpus, warning = render_layout([0], 2, {0}, labelers_on_gpus=True)
+    assert gpus == [0] and "\n" not in warning
+    assert "learner's GPU 0, which slows its updates" in warning and "labelers' GPU 1" in warning
+    assert "reward model sets the pace" in warning and warning.endswith("unset, runners render on GPU 1")
+    assert render_layout(None, 2, {0}, labelers_on_gpus=True) == ([1], None)  # the default is unchanged
+
+
 def test_a_node_without_nvidia_devices_renders_in_software_whatever_render_gpus_says(monkeypatch):
     if any(name.startswith("nvidia") and name[6:].isdigit() for name in os.listdir("/dev")):
         pytest.skip("a machine with NVIDIA devices")
