@@ -282,35 +282,35 @@ def gpu_share_label(p: Placement) -> str:
 # from whatever else runs there. On the learner's GPU that cost the learner three quarters of its speed (12 renderers
 # on one H200, docs/benchmarks.md), so where the topology leaves GPUs without a learner the runners render there
 # unless `env.render_gpus` says otherwise. Where those GPUs hold the reward model's labelers, rendering there costs the
-# farm instead (split_1_1, CLIP: labelers 0.82x their bare tower, 1.07x with the rendering on the learner's GPU):
-# a trade the user makes with `env.render_gpus` when the reward model, not the learner, sets the pace.
+# farm instead (split_1_1, CLIP under MPS: labelers 0.82x their bare tower, 1.07x with the rendering on the learner's
+# GPU): a trade the user makes with `env.render_gpus` when the reward model, not the learner, sets the pace.
 
-def render_layout(requested: list[int] | None, node_gpus: int, learner_gpus: set[int], labelers_on_gpus: bool = False
-                  ) -> tuple[list[int] | None, str | None]:
+def render_layout(requested: list[int] | None, node_gpus: int, learner_gpus: set[int],
+                  labeler_gpus: set[int] = frozenset()) -> tuple[list[int] | None, str | None]:
     """(the GPU indices runners render on — runner i on gpus[i % len]; None: all of the node's —, a warning or None).
 
-    requested: `env.render_gpus` (None: not set); node_gpus: GPUs of the learner's node; learner_gpus: the ids the
-    learner's ranks hold there; labelers_on_gpus: the reward model's labelers hold GPU shares (they sit on the GPUs
-    without a learner). Unset, the runners render on the node's GPUs that hold no learner, if any. Set, it is kept,
-    with a warning when it puts renderers on a learner's GPU although a GPU without one exists: what it costs, and,
-    where labelers are on the others, what it buys."""
+    requested: `env.render_gpus` (None: not set); node_gpus: GPUs of the learner's node; learner_gpus and
+    labeler_gpus: the ids the learner's ranks and the labelers hold there. Unset, the runners render on the node's
+    GPUs that hold no learner, if any. Set, it is kept, with a warning when it puts renderers on a learner's GPU
+    although a GPU without one exists: what it costs, and what it buys where it spares labelers' GPUs."""
     free = [gpu for gpu in range(node_gpus) if gpu not in learner_gpus]
     if requested is None:
         return (free, None) if learner_gpus and free else (None, None)
     on_learner = sorted(set(requested) & learner_gpus)
     if not (on_learner and free):
         return list(requested), None
-    named = lambda gpus: ",".join(map(str, gpus))  # noqa: E731
-    cost = (f"env.render_gpus={list(requested)} puts EGL renderers on the learner's GPU {named(on_learner)}, which "
+    named = lambda gpus: ("GPU " if len(gpus) == 1 else "GPUs ") + ",".join(map(str, gpus))  # noqa: E731
+    cost = (f"env.render_gpus={list(requested)} puts EGL renderers on the learner's {named(on_learner)}, which "
             f"slows its updates")
-    if labelers_on_gpus:
-        return list(requested), (f"{cost}, and keeps them off the labelers' GPU {named(free)}: worth it where the "
-                                 f"reward model sets the pace, not the learner (docs/benchmarks.md, where runners "
-                                 f"render); unset, runners render on GPU {named(free)}")
-    return list(requested), f"{cost} (docs/benchmarks.md); leave env.render_gpus unset to render on GPU {named(free)}"
+    spared = sorted(set(free) & set(labeler_gpus) - set(requested))
+    if spared:
+        return list(requested), (f"{cost}, and keeps them off the labelers' {named(spared)}: worth it where the reward "
+                                 f"model sets the pace, not the learner (docs/benchmarks.md, where runners render); "
+                                 f"unset, runners render on {named(free)}")
+    return list(requested), f"{cost} (docs/benchmarks.md); leave env.render_gpus unset to render on {named(free)}"
 
 
-def render_gpus_beside(requested: list[int] | None, learner_gpus: set[int], labelers_on_gpus: bool = False
+def render_gpus_beside(requested: list[int] | None, learner_gpus: set[int], labeler_gpus: set[int] = frozenset()
                        ) -> tuple[list[int] | None, str | None]:
     """`render_layout` on a running Ray, whose one GPU node holds the learner. A cluster with several GPU nodes
     keeps `requested` as it is: runners have no pool and may land on another node, with its own GPU indices."""
@@ -319,7 +319,7 @@ def render_gpus_beside(requested: list[int] | None, learner_gpus: set[int], labe
     gpu_nodes = [node for node in ray.nodes() if node.get("Alive") and node["Resources"].get("GPU", 0) > 0]
     if len(gpu_nodes) != 1:
         return requested, None
-    return render_layout(requested, int(gpu_nodes[0]["Resources"]["GPU"]), learner_gpus, labelers_on_gpus)
+    return render_layout(requested, int(gpu_nodes[0]["Resources"]["GPU"]), learner_gpus, labeler_gpus)
 
 
 class _GpuIds:
@@ -329,13 +329,13 @@ class _GpuIds:
         return [int(gpu) for gpu in ray.get_gpu_ids()]
 
 
-def learner_gpu_ids(placed: PlacedTopology, timeout_s: float) -> set[int]:
-    """The GPU ids Ray gives the learner's bundles, read by a probe placed as each rank will be (and gone before
-    it starts: a placement group's bundle keeps its GPUs, so the rank gets the same ids). Call before the learner
-    starts: its bundle must be free."""
+def role_gpu_ids(placed: PlacedTopology, timeout_s: float, role: str = "learner") -> set[int]:
+    """The GPU ids Ray gives `role`'s bundles, read by a probe placed as each of its actors will be (and gone before
+    it starts: a placement group's bundle keeps its GPUs, so the actor gets the same ids). Call before the role
+    starts: its bundles must be free."""
     import ray
 
-    places = [p for p in placed.plan.of("learner") if p.gpus > 0]
+    places = [p for p in placed.plan.of(role) if p.gpus > 0]
     if not places:
         return set()
     probes = [ray.remote(_GpuIds).options(**placed.options(p)).remote() for p in places]
@@ -343,7 +343,7 @@ def learner_gpu_ids(placed: PlacedTopology, timeout_s: float) -> set[int]:
         refs = [probe.ids.remote() for probe in probes]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         if len(ready) < len(refs):
-            raise TopologyError(f"a probe in the learner's placement did not start within {timeout_s:g} s",
+            raise TopologyError(f"a probe in the {role}'s placement did not start within {timeout_s:g} s",
                                 "free the cluster's resources or raise run.restart_timeout_s")
         return {gpu for ids in ray.get(refs) for gpu in ids}
     finally:
@@ -355,8 +355,11 @@ def render_gpus_for_runners(requested: list[int] | None, placed: PlacedTopology,
     """`env.render_gpus` for the runners of a run on `placed` (`render_layout`), its warning logged once."""
     import logging
 
-    labelers_on_gpus = any(p.gpus > 0 for p in placed.plan.of("labeler"))
-    gpus, warning = render_gpus_beside(requested, learner_gpu_ids(placed, timeout_s), labelers_on_gpus)
+    learners = role_gpu_ids(placed, timeout_s)
+    # the labelers' GPUs matter only to the warning: probed only where one may follow (the labelers start later)
+    warned = requested is not None and bool(set(requested) & learners)
+    labelers = role_gpu_ids(placed, timeout_s, "labeler") if warned else set()
+    gpus, warning = render_gpus_beside(requested, learners, labelers)
     if warning:
         logging.getLogger("rlfarm").warning(warning)
     return gpus

@@ -11,7 +11,7 @@ from rlfarm.commands.plan import render_column
 from rlfarm.config import compose
 from rlfarm.envs.rendering import spread_rendering
 from rlfarm.families import OFFPOLICY
-from rlfarm.topology import PlacedTopology, learner_gpu_ids, plan_topology, render_gpus_beside, render_layout
+from rlfarm.topology import PlacedTopology, plan_topology, render_gpus_beside, render_layout, role_gpu_ids
 
 
 def test_unset_render_gpus_default_to_the_gpus_without_a_learner():
@@ -25,19 +25,23 @@ def test_render_gpus_on_a_learner_gpu_are_kept_with_one_warning_line():
     gpus, warning = render_layout([0], 4, {0})
     assert gpus == [0]
     assert "\n" not in warning and "env.render_gpus=[0]" in warning and "GPU 0" in warning
-    assert warning.endswith("leave env.render_gpus unset to render on GPU 1,2,3")
+    assert warning.endswith("leave env.render_gpus unset to render on GPUs 1,2,3")
     assert render_layout([1, 2], 4, {0}) == ([1, 2], None)
     assert render_layout([0], 1, {0}) == ([0], None)  # no GPU without a learner: nothing better to suggest
 
 
 def test_render_gpus_on_the_learner_gpu_beside_gpu_labelers_say_what_the_trade_buys():
-    """Where the GPUs without a learner hold the labelers, rendering on the learner's GPU keeps it off the farm's
+    """Where the GPUs it spares hold the labelers, rendering on the learner's GPU keeps the renderers off the farm's
     (split_1_1, CLIP: 1.07x the bare tower against 0.82x): the line says both sides and when it pays."""
-    gpus, warning = render_layout([0], 2, {0}, labelers_on_gpus=True)
+    gpus, warning = render_layout([0], 2, {0}, labeler_gpus={1})
     assert gpus == [0] and "\n" not in warning
-    assert "learner's GPU 0, which slows its updates" in warning and "labelers' GPU 1" in warning
+    assert "learner's GPU 0, which slows its updates" in warning and "labelers' GPU 1:" in warning
     assert "reward model sets the pace" in warning and warning.endswith("unset, runners render on GPU 1")
-    assert render_layout(None, 2, {0}, labelers_on_gpus=True) == ([1], None)  # the default is unchanged
+    _, warning = render_layout([0], 4, {0}, labeler_gpus={1, 2})  # only the labelers' GPUs are named as spared
+    assert "labelers' GPUs 1,2:" in warning and warning.endswith("unset, runners render on GPUs 1,2,3")
+    _, warning = render_layout([0, 1], 2, {0}, labeler_gpus={1})  # renders beside the labelers too: spares nothing
+    assert "labelers'" not in warning and warning.endswith("leave env.render_gpus unset to render on GPU 1")
+    assert render_layout(None, 2, {0}, labeler_gpus={1}) == ([1], None)  # the default is unchanged
 
 
 def test_a_node_without_nvidia_devices_renders_in_software_whatever_render_gpus_says(monkeypatch):
@@ -56,7 +60,7 @@ def test_the_learner_probe_finds_the_gpu_the_learner_gets_and_plan_shows_runners
     plan = plan_topology(compose("train", ["topology=split_1_3"]).topology, OFFPOLICY)
     placed = PlacedTopology(plan)
     try:
-        probed = learner_gpu_ids(placed, timeout_s=60)
+        probed = role_gpu_ids(placed, timeout_s=60)
         assert len(probed) == 1
         learner = ray.remote(placement_probe()).options(**placed.options(plan.of("learner")[0])).remote()
         assert {int(gpu) for gpu in ray.get(learner.where.remote())["gpu_ids"]} == probed
@@ -71,4 +75,5 @@ def test_the_learner_probe_finds_the_gpu_the_learner_gets_and_plan_shows_runners
     with caplog.at_level(logging.WARNING, logger="rlfarm"):
         on_learner = render_column(sorted(probed), rows)  # env.render_gpus=[<the learner's GPU>]
     assert on_learner[1:5] == [f"GPU {min(probed)}"] * 4
-    assert [record for record in caplog.records if "env.render_gpus" in record.getMessage()]
+    warned = [record.getMessage() for record in caplog.records if "env.render_gpus" in record.getMessage()]
+    assert warned and all(f"labelers' GPU {free[0]}:" in message for message in warned)  # the labeler's GPU only

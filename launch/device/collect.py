@@ -123,7 +123,8 @@ def issue36(root):
                               "transitions_labeled" if name in judged else "updates")
             for name in ("env_frames", "clip_bf16", "clip_mps", "clip_mps_r0", "clip_fp8", *judged)}
     rate = lambda run, key: (runs[run].get("steady") or {}).get(key)  # noqa: E731
-    plain = {"clip_mps": "clip_bf16", "clip_mps_r0": "clip_bf16", "judge_mps": "judge", "distilled": "judge"}  # whose ceiling a run is held to
+    # whose ceiling a run is held to
+    plain = {"clip_mps": "clip_bf16", "clip_mps_r0": "clip_bf16", "judge_mps": "judge", "distilled": "judge"}
     ceiling = lambda name: ceilings.get(plain.get(name, name), {}).get("img_per_s")  # noqa: E731
     env = rate("env_frames", "env_steps_per_s")
     checks = {

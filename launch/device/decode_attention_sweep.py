@@ -4,8 +4,9 @@
    each launch choice (`Launch`: block, warps, stages, busy_programs), 28 launches (one
    per layer, each its own cache) in a CUDA graph — K/V read rate in TB/s beside a plain copy of the same bytes
    (the card's copy rate, same call);
-2. the step's weight GEMMs at 256 rows (fused q/k/v, o, fused gate/up, down, the head) through cuBLAS as torch calls
-   them, and with `--autotune` through inductor's max-autotune (Triton templates) — TFLOP/s each.
+2. the step's weight GEMMs at 256 rows (fused q/k/v, o, fused gate/up, down, the head), each layer its own weight,
+   through cuBLAS as torch calls them, through cuBLAS with the operands swapped, and with `--autotune` through
+   inductor's max-autotune (Triton templates) — TFLOP/s each (`--gemms`: these alone).
 
 Usage (device tool): source .devpkgs/setup.sh && python launch/device/decode_attention_sweep.py [--autotune] [--gemms]
 Writes $OUT/decode_attention_sweep.json and prints a table."""
@@ -122,8 +123,9 @@ def gemm_rows(autotune: bool) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--autotune", action="store_true", help="also inductor's max-autotune GEMMs (minutes)")
-    parser.add_argument("--quick", action="store_true", help="two launch choices, no GEMMs")
-    parser.add_argument("--gemms", action="store_true", help="the GEMMs alone, no attention")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--quick", action="store_true", help="two launch choices, no GEMMs")
+    only.add_argument("--gemms", action="store_true", help="the GEMMs alone, no attention")
     args = parser.parse_args()
     rows = [] if args.gemms else attention_sweep("even", args.quick) + attention_sweep("ragged", args.quick)
     rows += [] if args.quick else gemm_rows(args.autotune)

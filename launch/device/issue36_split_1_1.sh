@@ -22,7 +22,7 @@
 # the GL libraries' .deb files):
 #   source .devpkgs/setup.sh && bash launch/device/issue36_split_1_1.sh
 # RUNS picks runs and their order (default: env_frames clip_bf16 clip_fp8 judge; also clip_mps, judge_mps
-# (topology.mps=true) and distilled (reward=distilled, item 5)); each reward run brings its own ceiling (the MPS runs
+# (topology.mps=true), clip_mps_r0 (clip_mps rendering on the learner's GPU 0) and distilled (reward=distilled, item 5)); each reward run brings its own ceiling (the MPS runs
 # and distilled their plain model's); the learner's bench runs beside the ceilings. TESTS=1 first runs the MPS GPU test (tests/test_mps.py).
 # DEVICE=cpu: a dry run of every command at tiny sizes on a CPU machine (GPUs declared to Ray, tiny models).
 set -uo pipefail
@@ -138,7 +138,7 @@ profile_labelers() {  # py-spy on every labeler for PROFILE_S s, from 5 s after 
       --output "$W/pyspy_${name}_$pid.txt" > /dev/null 2>&1 &
   done
   wait
-  for f in "$W"/pyspy_"${name}"_*.txt; do [ -f "$f" ] && python3 launch/device/pyspy_top.py "$f"; done \
+  for f in "$W"/pyspy_"${name}"_[0-9]*.txt; do [ -f "$f" ] && python3 launch/device/pyspy_top.py "$f"; done \
     > "$W/pyspy_${name}.json" 2>&1
 }
 placement() {  # which processes hold which GPU, once the env-reward run is acting

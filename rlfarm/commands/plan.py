@@ -132,8 +132,8 @@ def render_column(requested: list[int] | None, rows: list[dict]) -> list[str]:
     import ray
 
     learners = {int(gpu) for row in rows if row["role"] == "learner" for gpu in row["gpu_ids"]}
-    labelers_on_gpus = any(row["gpu_ids"] for row in rows if row["role"] == "labeler")
-    gpus, warning = render_gpus_beside(list(requested) if requested is not None else None, learners, labelers_on_gpus)
+    labelers = {int(gpu) for row in rows if row["role"] == "labeler" for gpu in row["gpu_ids"]}
+    gpus, warning = render_gpus_beside(list(requested) if requested is not None else None, learners, labelers)
     if warning:
         logging.getLogger("rlfarm").warning(warning)
     node_gpus = int(ray.cluster_resources().get("GPU", 0))
