@@ -123,9 +123,11 @@ def issue36(root):
                               "transitions_labeled" if name in judged else "updates")
             for name in ("env_frames", "clip_bf16", "clip_mps", "clip_mps_r0", "clip_fp8", *judged)}
     rate = lambda run, key: (runs[run].get("steady") or {}).get(key)  # noqa: E731
-    # whose ceiling a run is held to
+    # whose ceiling a run is held to: its model's direct call on one GPU times the run's reward GPUs
     plain = {"clip_mps": "clip_bf16", "clip_mps_r0": "clip_bf16", "judge_mps": "judge", "distilled": "judge"}
-    ceiling = lambda name: ceilings.get(plain.get(name, name), {}).get("img_per_s")  # noqa: E731
+    reward_gpus = int((root / "reward_gpus").read_text()) if (root / "reward_gpus").exists() else 1
+    per_gpu = lambda name: ceilings.get(plain.get(name, name), {}).get("img_per_s")  # noqa: E731
+    ceiling = lambda name: per_gpu(name) and round(per_gpu(name) * reward_gpus, 1)  # noqa: E731
     env = rate("env_frames", "env_steps_per_s")
     checks = {
         "a_learner_in_pipeline_vs_bench": {"pipeline": rate("env_frames", "updates_per_s"), "bench": role.get("value"),
@@ -149,7 +151,7 @@ def issue36(root):
     }
     for check in checks.values():
         check["met"] = None if check["ratio"] is None or check["target"] is None else check["ratio"] >= check["target"]
-    return {"checks": checks, "learner_bench": [{k: r.get(k) for k in ("case", "value", "ratio", "setup_s")} for r in rows],
+    return {"checks": checks, "reward_gpus": reward_gpus, "learner_bench": [{k: r.get(k) for k in ("case", "value", "ratio", "setup_s")} for r in rows],
             "ceilings": ceilings, "runs": runs}
 
 

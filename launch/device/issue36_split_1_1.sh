@@ -27,6 +27,10 @@
 # DEVICE=cpu: a dry run of every command at tiny sizes on a CPU machine (GPUs declared to Ray, tiny models).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; W=${WORK:-/tmp/i36}; GL=${GL:-.gl}; WHL=${WHL:-.devpkgs/whl}; DEVICE=${DEVICE:-cuda}
+# TOPOLOGY: split_1_1 (the default, the 2-GPU fallback) or split_1_3 (the issue's own layout, through
+# launch/device/issue36_split_1_3.sh, which sets its sizes); the farm's ceiling is the per-GPU direct call times the
+# reward GPUs (collect.py reads $W/reward_gpus)
+TOPOLOGY=${TOPOLOGY:-split_1_1}; REWARD_GPUS=${REWARD_GPUS:-$([ "$TOPOLOGY" = split_1_3 ] && echo 3 || echo 1)}
 RUNNERS=${RUNNERS:-24}; JUDGE_RUNNERS=${JUDGE_RUNNERS:-8}; NUM_ENVS=${NUM_ENVS:-4}; UTD=${UTD:-0.75}
 BATCH=${BATCH:-1024}; WALL=${WALL:-35}; JUDGE=${JUDGE:-qwen2-vl-2b_shape}
 # 90 s: a cold machine's first learner update compiles for ~25 s of the judge's run (a 45-s run gave 0.31x, no figure)
@@ -41,6 +45,7 @@ CLIP_RUNNERS=${CLIP_RUNNERS:-$RUNNERS}; CLIP_ENVS=${CLIP_ENVS:-$NUM_ENVS}
 EXTRA=${EXTRA:-}  # more overrides for every run, e.g. EXTRA=topology.roles.labeler.count=1 (one labeler per reward GPU)
 HARD=${HARD:-540}   # seconds into the call by which every run must have ended (the device call's limit less the rest)
 rm -rf "$W"; mkdir -p "$OUT" "$W/runs" "$W/sync"
+echo "$REWARD_GPUS" > "$W/reward_gpus"
 log() { echo "[${SECONDS}s] $*" | tee -a "$W/timeline.txt"; }
 
 for f in "$GL"/*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done; [ -d "$GL" ] && ldconfig
@@ -53,8 +58,8 @@ export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
 has_smi() { command -v nvidia-smi > /dev/null; }
 has_smi && nvidia-smi -L > "$W/gpus.txt"; nproc >> "$W/gpus.txt"
 
-if [ "$DEVICE" = cpu ]; then  # tiny everything; Ray told of 2 GPUs so that split_1_1 places
-  CLIP_SHAPE=tiny; JUDGE=tiny_shape; RUNS=${RUNS:-env_frames clip_bf16 judge}; SIZE=(ray.num_gpus=2 ray.num_cpus=8)
+if [ "$DEVICE" = cpu ]; then  # tiny everything; Ray told of the topology's GPUs so that it places
+  CLIP_SHAPE=tiny; JUDGE=tiny_shape; RUNS=${RUNS:-env_frames clip_bf16 judge}; SIZE=(ray.num_gpus=$((REWARD_GPUS + 1)) ray.num_cpus=${CPUS:-8})
   FRAME=48
 else
   CLIP_SHAPE=vit-l-14; RUNS=${RUNS:-env_frames clip_bf16 clip_fp8 judge}; SIZE=(); FRAME=224
@@ -99,7 +104,7 @@ for case in $CASES; do
     > "$W/ceiling_$case.json" 2> "$W/ceiling_$case.log" &
   ceilings+=($!)
 done
-rlfarm plan topology=split_1_1 env=halfcheetah reward=env reward.frame_size=$FRAME "${SIZE[@]}" > "$W/plan.txt" 2>&1
+rlfarm plan topology=$TOPOLOGY env=halfcheetah reward=env reward.frame_size=$FRAME "${SIZE[@]}" > "$W/plan.txt" 2>&1
 wait "${ceilings[@]}"; log "ceilings done: $(cat "$W"/ceiling_*.json | cut -c1-120 | tr '\n' ' ')"
 [ -n "$bench_learner" ] && { wait $bench_learner; log "bench learner rc=$?"; }
 collect; logs
@@ -118,7 +123,7 @@ train() {  # name, seconds of acting, seconds its start-up may take at most, ove
   fi
   log "$name starts (limit ${limit} s)"
   local spy=""; [[ $name == clip* ]] && { profile_labelers "$name" & spy=$!; }
-  timeout $limit rlfarm train topology=split_1_1 env=halfcheetah run.live=false run.checkpoint=false \
+  timeout $limit rlfarm train topology=$TOPOLOGY env=halfcheetah run.live=false run.checkpoint=false \
     total_env_steps=100000000 env.num_envs=${RUN_ENVS:-$NUM_ENVS} algo.utd_ratio=${RUN_UTD:-$UTD} algo.batch_size=$BATCH \
     labeler.bus_timeout_s=0.2 run.restart_timeout_s=300 run.max_wall_s=$wall ${FRAME_KEY:-reward.frame_size}=$FRAME \
     hydra.run.dir="$W/runs/$name" "${SIZE[@]}" "$@" $EXTRA > "$W/$name.log" 2>&1
