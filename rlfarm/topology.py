@@ -302,7 +302,7 @@ def render_layout(requested: list[int] | None, node_gpus: int, learner_gpus: set
     named = lambda gpus: ("GPU " if len(gpus) == 1 else "GPUs ") + ",".join(map(str, gpus))  # noqa: E731
     cost = (f"env.render_gpus={list(requested)} puts EGL renderers on the learner's {named(on_learner)}, which "
             f"slows its updates")
-    spared = sorted(set(free) & set(labeler_gpus) - set(requested))
+    spared = sorted((set(free) & set(labeler_gpus)) - set(requested))  # labelers' GPUs it leaves without renderers
     if spared:
         return list(requested), (f"{cost}, and keeps them off the labelers' {named(spared)}: worth it where the reward "
                                  f"model sets the pace, not the learner (docs/benchmarks.md, where runners render); "

@@ -127,7 +127,7 @@ def issue36(root):
     plain = {"clip_mps": "clip_bf16", "clip_mps_r0": "clip_bf16", "judge_mps": "judge", "distilled": "judge"}
     reward_gpus = int((root / "reward_gpus").read_text()) if (root / "reward_gpus").exists() else 1
     per_gpu = lambda name: ceilings.get(plain.get(name, name), {}).get("img_per_s")  # noqa: E731
-    ceiling = lambda name: per_gpu(name) and round(per_gpu(name) * reward_gpus, 1)  # noqa: E731
+    ceiling = lambda name: (one := per_gpu(name)) and round(one * reward_gpus, 1)  # noqa: E731
     env = rate("env_frames", "env_steps_per_s")
     checks = {
         "a_learner_in_pipeline_vs_bench": {"pipeline": rate("env_frames", "updates_per_s"), "bench": role.get("value"),
